@@ -1,0 +1,20 @@
+//! Shared types for every overdrive component.
+//!
+//! - [`ChainSpec`]: the fork schedule (by block number and timestamp), presets `mainnet` and
+//!   `dev`, and loading of a geth-style `genesis.json`.
+//! - [`MemState`]: a plain in-memory world state that implements revm's `DatabaseRef` and
+//!   applies a `BundleState`; the reference state that tests, benchmarks and the ef-tests runner
+//!   execute against until the MDBX store exists.
+//! - [`RecoveredBlock`]: a block whose transaction senders are already recovered, the input of
+//!   every executor.
+
+mod block;
+mod chain_spec;
+mod state;
+
+pub use block::{BlockError, RecoveredBlock};
+pub use chain_spec::{ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address};
+pub use state::{MemAccount, MemState};
+
+/// Re-exports of the hardfork vocabulary so downstream crates name one source.
+pub use alloy_hardforks::{EthereumHardfork, EthereumHardforks, ForkCondition};
