@@ -1,1 +1,15 @@
-//! overdrive-executor
+//! Block executors for overdrive.
+//!
+//! Every executor implements [`BlockExecutor`]: it takes a block with recovered senders, a
+//! pre-state reader (revm `DatabaseRef`) and the chain spec, and returns receipts, gas,
+//! EIP-7685 requests and the bundle state with reverts. [`SequentialExecutor`] runs alloy-evm's
+//! `EthBlockExecutor` over `revm::State` (reth's own path) and is the reference that every
+//! faster executor must equal bit for bit.
+
+mod error;
+mod sequential;
+mod traits;
+
+pub use error::ExecutionError;
+pub use sequential::{SequentialExecutor, evm_env, execution_ctx};
+pub use traits::{BlockExecutor, BlockOutput, StateReader};

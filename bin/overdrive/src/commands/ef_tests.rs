@@ -1,0 +1,66 @@
+use clap::{Args, ValueEnum};
+use eyre::bail;
+use overdrive_ef_tests::{ExecutorChoice, Outcome, RunOptions, StateRootChoice, run_paths};
+use std::{path::PathBuf, time::Instant};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ExecutorArg {
+    /// alloy-evm's EthBlockExecutor (the reference).
+    Sequential,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StateRootArg {
+    /// Full alloy-trie HashBuilder build of the whole state.
+    Reference,
+}
+
+#[derive(Debug, Args)]
+pub struct EfTestsArgs {
+    /// Fixture files or directories (searched recursively for .json).
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Executor that imports the blocks.
+    #[arg(long, value_enum, default_value = "sequential")]
+    executor: ExecutorArg,
+    /// Trie that computes state roots.
+    #[arg(long = "state-root", value_enum, default_value = "reference")]
+    state_root: StateRootArg,
+    /// Print every passing test too.
+    #[arg(long)]
+    verbose: bool,
+}
+
+pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
+    let options = RunOptions {
+        executor: match args.executor {
+            ExecutorArg::Sequential => ExecutorChoice::Sequential,
+        },
+        state_root: match args.state_root {
+            StateRootArg::Reference => StateRootChoice::Reference,
+        },
+    };
+    let started = Instant::now();
+    let summary = run_paths(&args.paths, options)?;
+    for r in &summary.results {
+        match &r.outcome {
+            Outcome::Failed(why) => println!("FAIL {} :: {}: {why}", r.file.display(), r.name),
+            Outcome::Skipped(why) => println!("SKIP {} :: {}: {why}", r.file.display(), r.name),
+            Outcome::Passed if args.verbose => println!("ok   {} :: {}", r.file.display(), r.name),
+            Outcome::Passed => {}
+        }
+    }
+    for (network, (p, f, s)) in summary.by_network() {
+        println!("{network:>28}: {p} passed, {f} failed, {s} skipped");
+    }
+    let (passed, failed, skipped) = summary.counts();
+    eprintln!("ran {} tests in {:.1}s", summary.results.len(), started.elapsed().as_secs_f64());
+    println!("{passed} passed, {failed} failed, {skipped} skipped");
+    if summary.results.is_empty() {
+        bail!("no tests found under {:?}", args.paths);
+    }
+    if failed > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,3 @@
+pub mod bench;
+pub mod ef_tests;
+pub mod init;

@@ -1,0 +1,261 @@
+//! Post-merge block validity rules, in three steps the node and the ethereum/tests runner share:
+//! [`validate_header`] (the header alone and against its parent), [`validate_body`] (the body
+//! against the header's commitments) and [`validate_post_execution`] (execution results against
+//! the header). Pre-merge (proof-of-work) rules are out of scope: overdrive follows post-merge
+//! chains.
+
+use alloy_consensus::{
+    BlockHeader, EMPTY_OMMER_ROOT_HASH, Header, ReceiptEnvelope, Transaction, TxReceipt,
+    constants::MAXIMUM_EXTRA_DATA_SIZE,
+    proofs::{calculate_ommers_root, calculate_receipt_root, calculate_transaction_root, calculate_withdrawals_root},
+};
+use alloy_eips::{
+    eip1559::{GAS_LIMIT_BOUND_DIVISOR, INITIAL_BASE_FEE},
+    eip4844::DATA_GAS_PER_BLOB,
+    eip7685::Requests,
+    eip7840::BlobParams,
+};
+use alloy_primitives::{B256, Bloom};
+use overdrive_primitives::{ChainSpec, EthereumHardforks, RecoveredBlock};
+
+/// The smallest gas limit a block may have.
+pub const MINIMUM_GAS_LIMIT: u64 = 5000;
+/// The largest gas limit a block may have (geth's and reth's bound).
+pub const MAXIMUM_GAS_LIMIT: u64 = i64::MAX as u64;
+
+/// A broken consensus rule. The block is invalid and must leave the chain at its parent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConsensusError {
+    /// Header number is not the parent's plus one.
+    #[error("block number {got} does not follow parent {parent}")]
+    BlockNumber { got: u64, parent: u64 },
+    /// Timestamp does not increase.
+    #[error("timestamp {got} is not after the parent's {parent}")]
+    Timestamp { got: u64, parent: u64 },
+    /// Gas limit outside the allowed step from the parent, or outside absolute bounds.
+    #[error("gas limit {got} is invalid against the parent's {parent}")]
+    GasLimit { got: u64, parent: u64 },
+    /// Gas used above the gas limit.
+    #[error("gas used {used} exceeds gas limit {limit}")]
+    GasUsedAboveLimit { used: u64, limit: u64 },
+    /// Extra data longer than 32 bytes.
+    #[error("extra data is {0} bytes, more than 32")]
+    ExtraDataTooLong(usize),
+    /// Proof-of-work fields set after the merge.
+    #[error("post-merge header has {0}")]
+    ProofOfWorkField(&'static str),
+    /// Wrong EIP-1559 base fee.
+    #[error("base fee {got:?}, expected {expected:?}")]
+    BaseFee { got: Option<u64>, expected: Option<u64> },
+    /// A header field present or absent against the fork schedule.
+    #[error("header field {field} is {state} at this fork")]
+    ForkField { field: &'static str, state: &'static str },
+    /// Wrong EIP-4844 excess blob gas.
+    #[error("excess blob gas {got}, expected {expected}")]
+    ExcessBlobGas { got: u64, expected: u64 },
+    /// Wrong or out-of-range EIP-4844 blob gas used.
+    #[error("blob gas used {got}, expected {expected} (max {max})")]
+    BlobGasUsed { got: u64, expected: u64, max: u64 },
+    /// A committed root or hash does not match the body or the execution result.
+    #[error("{what} mismatch: header {header}, computed {computed}")]
+    RootMismatch { what: &'static str, header: B256, computed: B256 },
+    /// Logs bloom does not match the receipts.
+    #[error("logs bloom mismatch")]
+    LogsBloom,
+    /// Gas used does not match execution.
+    #[error("gas used mismatch: header {header}, executed {executed}")]
+    GasUsed { header: u64, executed: u64 },
+    /// Ommers after the merge.
+    #[error("block has {0} ommers after the merge")]
+    Ommers(usize),
+    /// Withdrawals present before Shanghai or missing after.
+    #[error("withdrawals are {0} at this fork")]
+    Withdrawals(&'static str),
+    /// A blob transaction that cannot be included.
+    #[error("transaction {index}: {reason}")]
+    BlobTransaction { index: usize, reason: &'static str },
+}
+
+use ConsensusError as E;
+
+/// Validates a header on its own and against its parent.
+pub fn validate_header(spec: &ChainSpec, header: &Header, parent: &Header) -> Result<(), ConsensusError> {
+    if header.extra_data.len() > MAXIMUM_EXTRA_DATA_SIZE {
+        return Err(E::ExtraDataTooLong(header.extra_data.len()));
+    }
+    if header.gas_used > header.gas_limit {
+        return Err(E::GasUsedAboveLimit { used: header.gas_used, limit: header.gas_limit });
+    }
+    if Some(header.number) != parent.number.checked_add(1) {
+        return Err(E::BlockNumber { got: header.number, parent: parent.number });
+    }
+    if header.timestamp <= parent.timestamp {
+        return Err(E::Timestamp { got: header.timestamp, parent: parent.timestamp });
+    }
+    if spec.is_paris_active_at_block(header.number) {
+        if !header.difficulty.is_zero() {
+            return Err(E::ProofOfWorkField("a non-zero difficulty"));
+        }
+        if !header.nonce.is_zero() {
+            return Err(E::ProofOfWorkField("a non-zero nonce"));
+        }
+        if header.ommers_hash != EMPTY_OMMER_ROOT_HASH {
+            return Err(E::ProofOfWorkField("an ommers hash other than the empty list's"));
+        }
+    }
+    validate_gas_limit(header, parent)?;
+    validate_base_fee(spec, header, parent)?;
+    let ts = header.timestamp;
+    presence("withdrawals_root", header.withdrawals_root.is_some(), spec.is_shanghai_active_at_timestamp(ts))?;
+    let cancun = spec.is_cancun_active_at_timestamp(ts);
+    presence("blob_gas_used", header.blob_gas_used.is_some(), cancun)?;
+    presence("excess_blob_gas", header.excess_blob_gas.is_some(), cancun)?;
+    presence("parent_beacon_block_root", header.parent_beacon_block_root.is_some(), cancun)?;
+    presence("requests_hash", header.requests_hash.is_some(), spec.is_prague_active_at_timestamp(ts))?;
+    if cancun {
+        validate_excess_blob_gas(spec, header, parent)?;
+    }
+    Ok(())
+}
+
+fn presence(field: &'static str, present: bool, required: bool) -> Result<(), ConsensusError> {
+    match (present, required) {
+        (true, false) => Err(E::ForkField { field, state: "present" }),
+        (false, true) => Err(E::ForkField { field, state: "missing" }),
+        _ => Ok(()),
+    }
+}
+
+fn validate_gas_limit(header: &Header, parent: &Header) -> Result<(), ConsensusError> {
+    let err = || E::GasLimit { got: header.gas_limit, parent: parent.gas_limit };
+    if header.gas_limit < MINIMUM_GAS_LIMIT || header.gas_limit > MAXIMUM_GAS_LIMIT {
+        return Err(err());
+    }
+    let max_delta = parent.gas_limit / GAS_LIMIT_BOUND_DIVISOR;
+    if header.gas_limit.abs_diff(parent.gas_limit) >= max_delta {
+        return Err(err());
+    }
+    Ok(())
+}
+
+fn validate_base_fee(spec: &ChainSpec, header: &Header, parent: &Header) -> Result<(), ConsensusError> {
+    if !spec.is_london_active_at_block(header.number) {
+        return presence("base_fee_per_gas", header.base_fee_per_gas.is_some(), false);
+    }
+    let expected = if spec.is_london_active_at_block(parent.number) {
+        parent.next_block_base_fee(spec.base_fee_params())
+    } else {
+        Some(INITIAL_BASE_FEE)
+    };
+    if header.base_fee_per_gas != expected || expected.is_none() {
+        return Err(E::BaseFee { got: header.base_fee_per_gas, expected });
+    }
+    Ok(())
+}
+
+fn validate_excess_blob_gas(spec: &ChainSpec, header: &Header, parent: &Header) -> Result<(), ConsensusError> {
+    let got = header.excess_blob_gas.unwrap_or_default();
+    let params = spec.blob_params_at(header.timestamp).unwrap_or_else(BlobParams::cancun);
+    // The first Cancun block's parent has no blob fields: its excess and usage count as zero.
+    let parent_excess = parent.excess_blob_gas.unwrap_or_default();
+    let parent_used = parent.blob_gas_used.unwrap_or_default();
+    let expected = match parent_excess.checked_add(parent_used) {
+        Some(_) => params.next_block_excess_blob_gas_osaka(
+            parent_excess,
+            parent_used,
+            parent.base_fee_per_gas.unwrap_or_default(),
+        ),
+        None => return Err(E::ExcessBlobGas { got, expected: u64::MAX }),
+    };
+    if got != expected {
+        return Err(E::ExcessBlobGas { got, expected });
+    }
+    Ok(())
+}
+
+/// Validates a body against its header: transactions root, ommers, withdrawals, blob gas.
+pub fn validate_body(spec: &ChainSpec, block: &RecoveredBlock) -> Result<(), ConsensusError> {
+    let header = &block.header;
+    let txs: Vec<_> = block.transactions.iter().map(|tx| tx.inner()).collect();
+    let tx_root = calculate_transaction_root(&txs);
+    if tx_root != header.transactions_root {
+        return Err(E::RootMismatch { what: "transactions root", header: header.transactions_root, computed: tx_root });
+    }
+    let ommers_root = calculate_ommers_root(&block.ommers);
+    if ommers_root != header.ommers_hash {
+        return Err(E::RootMismatch { what: "ommers hash", header: header.ommers_hash, computed: ommers_root });
+    }
+    if spec.is_paris_active_at_block(header.number) && !block.ommers.is_empty() {
+        return Err(E::Ommers(block.ommers.len()));
+    }
+    let shanghai = spec.is_shanghai_active_at_timestamp(header.timestamp);
+    match (&block.withdrawals, header.withdrawals_root) {
+        (Some(w), Some(root)) if shanghai => {
+            let computed = calculate_withdrawals_root(w);
+            if computed != root {
+                return Err(E::RootMismatch { what: "withdrawals root", header: root, computed });
+            }
+        }
+        (None, None) if !shanghai => {}
+        (Some(_), _) => return Err(E::Withdrawals("present")),
+        (None, _) => return Err(E::Withdrawals("missing")),
+    }
+    if let Some(got) = header.blob_gas_used {
+        let params = spec.blob_params_at(header.timestamp).unwrap_or_else(BlobParams::cancun);
+        let mut expected = 0u64;
+        for (index, tx) in block.transactions.iter().enumerate() {
+            if let Some(hashes) = tx.blob_versioned_hashes() {
+                if hashes.is_empty() {
+                    return Err(E::BlobTransaction { index, reason: "blob transaction without blobs" });
+                }
+                if hashes.len() as u64 > params.max_blobs_per_tx {
+                    return Err(E::BlobTransaction { index, reason: "too many blobs in one transaction" });
+                }
+                expected = expected.saturating_add(hashes.len() as u64 * DATA_GAS_PER_BLOB);
+            }
+        }
+        let max = params.max_blob_gas_per_block();
+        if got != expected || got > max || got % DATA_GAS_PER_BLOB != 0 {
+            return Err(E::BlobGasUsed { got, expected, max });
+        }
+    }
+    Ok(())
+}
+
+/// Validates execution results against the header: gas used, receipts root, logs bloom and
+/// (Prague) the requests hash. The state root is checked by the caller, who owns the trie.
+pub fn validate_post_execution(
+    spec: &ChainSpec,
+    header: &Header,
+    receipts: &[ReceiptEnvelope],
+    gas_used: u64,
+    requests: &Requests,
+) -> Result<(), ConsensusError> {
+    if gas_used != header.gas_used {
+        return Err(E::GasUsed { header: header.gas_used, executed: gas_used });
+    }
+    let receipts_root = calculate_receipt_root(receipts);
+    if receipts_root != header.receipts_root {
+        return Err(E::RootMismatch { what: "receipts root", header: header.receipts_root, computed: receipts_root });
+    }
+    let bloom = receipts.iter().fold(Bloom::ZERO, |acc, r| acc | r.bloom());
+    if bloom != header.logs_bloom {
+        return Err(E::LogsBloom);
+    }
+    if spec.is_prague_active_at_timestamp(header.timestamp) {
+        let computed = requests.requests_hash();
+        let header_hash = header.requests_hash().unwrap_or_default();
+        if computed != header_hash {
+            return Err(E::RootMismatch { what: "requests hash", header: header_hash, computed });
+        }
+    }
+    Ok(())
+}
+
+/// Validates the state root after execution.
+pub fn validate_state_root(header: &Header, computed: B256) -> Result<(), ConsensusError> {
+    if computed != header.state_root {
+        return Err(E::RootMismatch { what: "state root", header: header.state_root, computed });
+    }
+    Ok(())
+}

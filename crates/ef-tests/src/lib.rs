@@ -1,0 +1,18 @@
+//! Runner for the Ethereum Foundation's `BlockchainTests` fixtures.
+//!
+//! Each test imports its blocks one by one on top of the fixture's genesis (following side
+//! chains by parent hash), validates every post-merge consensus rule, executes with the chosen
+//! executor, computes the state root with the chosen trie, and compares the resulting head and
+//! post-state with the fixture. A block marked `expectException` must be rejected and leave the
+//! chain at its parent. Malformed fixtures and panics become failed tests, never a crashed run.
+
+mod fixture;
+mod runner;
+mod tmp_root;
+
+pub use tmp_root::state_root as tmp_state_root;
+pub use fixture::{Fixture, FixtureAccount, FixtureBlock};
+pub use runner::{
+    ExecutorChoice, Outcome, RunOptions, StateRootChoice, Summary, TestResult, collect_files,
+    run_file, run_paths,
+};

@@ -1,0 +1,66 @@
+use crate::{BlockExecutor, BlockOutput, ExecutionError, StateReader};
+use alloy_evm::{
+    EvmEnv, EvmFactory,
+    block::BlockExecutor as _,
+    eth::{EthBlockExecutionCtx, EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder},
+};
+use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use revm::database::{State, states::bundle_state::BundleRetention};
+use std::borrow::Cow;
+
+/// The reference executor: alloy-evm's `EthBlockExecutor` (with every system call the fork
+/// requires: EIP-4788, EIP-2935, withdrawals, EIP-6110/7002/7251 requests) over
+/// `revm::State` with bundle tracking, one transaction after the other.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SequentialExecutor;
+
+/// The EVM environment of a block under `spec`: the spec id, chain id, blob parameters and
+/// block env. Shared by every executor so they cannot disagree on it.
+pub fn evm_env(spec: &ChainSpec, block: &RecoveredBlock) -> EvmEnv {
+    EvmEnv::for_eth_block(
+        &block.header,
+        spec,
+        spec.chain_id,
+        spec.blob_params_at(block.header.timestamp),
+    )
+}
+
+/// The execution context (system-call inputs) of a block.
+pub fn execution_ctx(block: &RecoveredBlock) -> EthBlockExecutionCtx<'_> {
+    EthBlockExecutionCtx {
+        parent_hash: block.header.parent_hash,
+        parent_beacon_block_root: block.header.parent_beacon_block_root,
+        ommers: &block.ommers,
+        withdrawals: block.withdrawals.as_deref().map(Cow::Borrowed),
+        extra_data: block.header.extra_data.clone(),
+        tx_count_hint: Some(block.transactions.len()),
+        slot_number: None,
+    }
+}
+
+impl BlockExecutor for SequentialExecutor {
+    fn name(&self) -> &'static str {
+        "sequential"
+    }
+
+    fn execute<DB: StateReader>(
+        &self,
+        spec: &ChainSpec,
+        block: &RecoveredBlock,
+        state: &DB,
+    ) -> Result<BlockOutput, ExecutionError> {
+        let mut db = State::builder().with_database_ref(state).with_bundle_update().build();
+        let evm = EthEvmFactory::default().create_evm(&mut db, evm_env(spec, block));
+        let executor =
+            EthBlockExecutor::new(evm, execution_ctx(block), spec, AlloyReceiptBuilder::default());
+        let result = executor.execute_block(block.transactions.iter())?;
+        db.merge_transitions(BundleRetention::Reverts);
+        Ok(BlockOutput {
+            receipts: result.receipts,
+            gas_used: result.gas_used,
+            blob_gas_used: result.blob_gas_used,
+            requests: result.requests,
+            bundle: db.take_bundle(),
+        })
+    }
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit/integration/differential tests, and the
+# ethereum/tests fixtures. Tests build with optimised dependencies (see [profile.dev] in
+# Cargo.toml), because revm in debug runs 40-75x slower.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FIXTURES="${OVERDRIVE_FIXTURES:-$(cd .. && pwd)/shared/fixtures/ethereum-tests}"
+export OVERDRIVE_FIXTURES="$FIXTURES"
+
+bash scripts/setup.sh
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
+cargo run --locked -q -p overdrive -- ef-tests "$FIXTURES/BlockchainTests"
