@@ -1,0 +1,57 @@
+//! Genesis roots of the dev preset and of a genesis.json, checked against independent sources.
+
+use overdrive_primitives::{ChainSpec, MemState};
+
+#[test]
+fn ethereum_tests_genesis_roots_match() {
+    // Every fixture's genesis header commits to its pre-state; the runner checks that root
+    // first, so passing fixtures prove the reference root on hundreds of genesis states.
+    let dir = overdrive_tests::fixtures_dir().join("BlockchainTests/ValidBlocks/bcExample");
+    let results = overdrive_ef_tests::run_paths(&[dir], Default::default()).unwrap();
+    assert!(!results.results.is_empty());
+    assert_eq!(results.counts().1, 0, "{:?}", results.results);
+}
+
+#[test]
+fn dev_genesis_is_deterministic_and_funded() {
+    let a = ChainSpec::dev();
+    let b = ChainSpec::dev();
+    let state = MemState::from_alloc(&a.genesis.alloc);
+    let root = overdrive_ef_tests::tmp_state_root(&state);
+    assert_eq!(root, overdrive_ef_tests::tmp_state_root(&MemState::from_alloc(&b.genesis.alloc)));
+    assert_ne!(root, alloy_primitives::B256::ZERO);
+    let header = a.genesis_header(root);
+    assert_eq!(header.state_root, root);
+    assert!(header.requests_hash.is_some() && header.parent_beacon_block_root.is_some());
+    for i in 0..overdrive_primitives::DEV_ACCOUNT_COUNT {
+        let account = &state.accounts[&overdrive_primitives::dev_address(i)];
+        assert!(!account.info.balance.is_zero());
+    }
+}
+
+#[test]
+fn genesis_json_round_trips_through_init_rules() {
+    let json = r#"{
+        "config": {"chainId": 7, "homesteadBlock": 0, "eip150Block": 0, "eip155Block": 0,
+                   "eip158Block": 0, "byzantiumBlock": 0, "constantinopleBlock": 0,
+                   "petersburgBlock": 0, "istanbulBlock": 0, "berlinBlock": 0, "londonBlock": 0,
+                   "terminalTotalDifficulty": 0, "shanghaiTime": 0, "cancunTime": 100},
+        "gasLimit": "0x1c9c380", "difficulty": "0x0", "baseFeePerGas": "0x7",
+        "alloc": {"0x1000000000000000000000000000000000000001": {"balance": "0x10"}}
+    }"#;
+    let dir = std::env::temp_dir().join(format!("overdrive-genesis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("genesis.json");
+    std::fs::write(&path, json).unwrap();
+    let spec = ChainSpec::load(path.to_str().unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    use overdrive_primitives::EthereumHardforks;
+    assert_eq!(spec.chain_id, 7);
+    assert!(spec.is_shanghai_active_at_timestamp(0));
+    assert!(!spec.is_cancun_active_at_timestamp(99) && spec.is_cancun_active_at_timestamp(100));
+    let header = spec.genesis_header(alloy_primitives::B256::ZERO);
+    assert_eq!(header.base_fee_per_gas, Some(7));
+    assert!(header.withdrawals_root.is_some());
+    assert!(header.blob_gas_used.is_none(), "Cancun is not active at genesis");
+    assert!(ChainSpec::load("no-such-chain").is_err());
+}
