@@ -21,3 +21,4 @@ fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 bash scripts/setup-contracts.sh
+bash scripts/setup-genesis.sh

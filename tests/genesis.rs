@@ -55,3 +55,19 @@ fn genesis_json_round_trips_through_init_rules() {
     assert!(header.blob_gas_used.is_none(), "Cancun is not active at genesis");
     assert!(ChainSpec::load("no-such-chain").is_err());
 }
+
+#[test]
+fn mainnet_genesis_hash_and_root_match_the_known_values() {
+    let alloc = std::env::var_os("OVERDRIVE_ARTIFACTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../build-artifacts").into())
+        .join("mainnet-alloc.json");
+    assert!(alloc.exists(), "{} missing: run scripts/setup.sh", alloc.display());
+    let spec = ChainSpec::mainnet_with_alloc_file(&alloc).unwrap();
+    let root = overdrive_ef_tests::tmp_state_root(&MemState::from_alloc(&spec.genesis.alloc));
+    assert_eq!(
+        root,
+        alloy_primitives::b256!("d7f8974fb5ac78d9ac099b9ad5018bedc2ce0a72dad1827a1709da30580f0544")
+    );
+    assert_eq!(Some(spec.genesis_header(root).hash_slow()), spec.expected_genesis_hash);
+}

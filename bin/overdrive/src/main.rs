@@ -28,6 +28,13 @@ enum Command {
     Bench(commands::bench::BenchCommand),
 }
 
+/// Where the setup scripts put contract artifacts and the mainnet allocation.
+fn artifacts_dir() -> std::path::PathBuf {
+    std::env::var_os("OVERDRIVE_ARTIFACTS")
+        .map(Into::into)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../build-artifacts").into())
+}
+
 fn main() -> eyre::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()

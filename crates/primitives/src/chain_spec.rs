@@ -92,6 +92,22 @@ impl ChainSpec {
         }
     }
 
+    /// Mainnet with its genesis allocation read from `path`, a JSON map of address to balance
+    /// (what `scripts/setup-genesis.sh` exports from the `@ethereumjs/genesis` npm package).
+    pub fn mainnet_with_alloc_file(path: &Path) -> Result<Self, ChainSpecError> {
+        let display = path.display().to_string();
+        let bytes = std::fs::read(path)
+            .map_err(|source| ChainSpecError::Io { path: display.clone(), source })?;
+        let balances: std::collections::BTreeMap<Address, U256> = serde_json::from_slice(&bytes)
+            .map_err(|source| ChainSpecError::Json { path: display, source })?;
+        let mut spec = Self::mainnet();
+        spec.genesis.alloc = balances
+            .into_iter()
+            .map(|(a, balance)| (a, GenesisAccount { balance, ..Default::default() }))
+            .collect();
+        Ok(spec)
+    }
+
     /// A local development chain: every fork through Prague active at genesis, the system
     /// contracts of EIP-4788/2935/7002/7251 predeployed, and [`DEV_ACCOUNT_COUNT`] funded
     /// accounts whose keys are [`ChainSpec::dev_private_key`].

@@ -18,11 +18,17 @@ pub struct InitArgs {
 /// Re-running on the same directory with the same chain is a no-op; a different chain is
 /// refused so a data directory never mixes two chains.
 pub fn run(args: InitArgs) -> eyre::Result<()> {
-    let spec = ChainSpec::load(&args.chain)?;
+    let spec = match args.chain.as_str() {
+        "mainnet" => {
+            let alloc = crate::artifacts_dir().join("mainnet-alloc.json");
+            if alloc.exists() { ChainSpec::mainnet_with_alloc_file(&alloc)? } else { ChainSpec::mainnet() }
+        }
+        other => ChainSpec::load(other)?,
+    };
     if spec.genesis.alloc.is_empty() && spec.expected_genesis_hash.is_some() {
         bail!(
             "the `{}` preset ships its fork schedule but not its genesis allocation; \
-             pass its genesis.json with --chain FILE",
+             run scripts/setup-genesis.sh or pass its genesis.json with --chain FILE",
             args.chain
         );
     }
