@@ -17,8 +17,8 @@ fn dev_genesis_is_deterministic_and_funded() {
     let a = ChainSpec::dev();
     let b = ChainSpec::dev();
     let state = MemState::from_alloc(&a.genesis.alloc);
-    let root = overdrive_ef_tests::tmp_state_root(&state);
-    assert_eq!(root, overdrive_ef_tests::tmp_state_root(&MemState::from_alloc(&b.genesis.alloc)));
+    let root = overdrive_trie::reference::state_root(&state);
+    assert_eq!(root, overdrive_trie::reference::state_root(&MemState::from_alloc(&b.genesis.alloc)));
     assert_ne!(root, alloy_primitives::B256::ZERO);
     let header = a.genesis_header(root);
     assert_eq!(header.state_root, root);
@@ -64,7 +64,7 @@ fn mainnet_genesis_hash_and_root_match_the_known_values() {
         .join("mainnet-alloc.json");
     assert!(alloc.exists(), "{} missing: run scripts/setup.sh", alloc.display());
     let spec = ChainSpec::mainnet_with_alloc_file(&alloc).unwrap();
-    let root = overdrive_ef_tests::tmp_state_root(&MemState::from_alloc(&spec.genesis.alloc));
+    let root = overdrive_trie::reference::state_root(&MemState::from_alloc(&spec.genesis.alloc));
     assert_eq!(
         root,
         alloy_primitives::b256!("d7f8974fb5ac78d9ac099b9ad5018bedc2ce0a72dad1827a1709da30580f0544")

@@ -8,9 +8,7 @@
 
 mod fixture;
 mod runner;
-mod tmp_root;
 
-pub use tmp_root::state_root as tmp_state_root;
 pub use fixture::{Fixture, FixtureAccount, FixtureBlock};
 pub use runner::{
     ExecutorChoice, Outcome, RunOptions, StateRootChoice, Summary, TestResult, collect_files,

@@ -341,7 +341,7 @@ fn execute(
 
 fn state_root(state: &MemState, options: RunOptions) -> B256 {
     match options.state_root {
-        StateRootChoice::Reference => crate::tmp_root::state_root(state),
+        StateRootChoice::Reference => overdrive_trie::reference::state_root(state),
     }
 }
 

@@ -1,1 +1,33 @@
-//! overdrive-trie
+//! overdrive-trie: the Merkle-Patricia state root of overdrive.
+//!
+//! - [`StateTrie`]: the account trie and every storage trie kept node by node in a
+//!   [`NodeStore`] (by path; [`MemNodeStore`] in memory). Each block's [`HashedPostState`] is
+//!   applied top-down, re-encoding and re-hashing only the nodes on changed paths, with all
+//!   storage tries and then the account trie spread over a persistent worker pool and split by
+//!   nibble wherever a subtree has many updates. The output is the new root plus the node
+//!   writes and deletes to persist ([`TrieUpdates`]).
+//! - [`RawTrie`]: the same engine over raw keys of any length (the ethereum/tests vectors).
+//! - [`reference`]: the root by a full alloy-trie `HashBuilder` build, the definition the
+//!   trie is tested against.
+//! - [`bench`]: the `overdrive bench trie` workload and its comparison with a full rebuild
+//!   and a reth-style incremental root.
+
+pub mod bench;
+mod engine;
+mod error;
+mod node;
+mod raw;
+pub mod reference;
+mod state;
+mod state_trie;
+mod store;
+
+pub use error::TrieError;
+pub use node::{Node, NodeDecodeError, Value, hex_prefix};
+pub use raw::RawTrie;
+pub use state::{HashedAccount, HashedPostState, HashedStorage};
+pub use state_trie::{StateRootOutput, StateTrie, TrieConfig, TrieStats};
+pub use store::{MemNodeStore, NodeStore, NodeUpdates, StorageTrieUpdates, TrieId, TrieUpdates};
+
+/// Types from alloy-trie that appear in this crate's API.
+pub use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieAccount, TrieMask, nodes::RlpNode};

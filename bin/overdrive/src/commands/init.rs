@@ -33,7 +33,7 @@ pub fn run(args: InitArgs) -> eyre::Result<()> {
         );
     }
     let state = MemState::from_alloc(&spec.genesis.alloc);
-    let state_root = overdrive_ef_tests::tmp_state_root(&state);
+    let state_root = overdrive_trie::reference::state_root(&state);
     let header = spec.genesis_header(state_root);
     let hash = header.hash_slow();
     if let Some(expected) = spec.expected_genesis_hash {

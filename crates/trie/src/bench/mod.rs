@@ -1,0 +1,450 @@
+//! The `overdrive bench trie` workload: ERC20-shaped blocks over a large state, rooted four
+//! ways.
+//!
+//! Each block is `transfers` token transfers: every sender's account changes (nonce and
+//! balance, as paying gas does) and the token contract's storage changes in two balance slots
+//! (sender and receiver). The token holds one balance slot per account, so its storage trie is
+//! as large as the account trie. Keys are hashed before timing starts. The four roots:
+//!
+//! - (a) `full_rebuild`: alloy-trie `HashBuilder` over every leaf of the token storage and of
+//!   the account trie.
+//! - (b) `reth_style`: a serial incremental root over stored branch nodes (see
+//!   [`reth_style`]), storage trie then account trie, including the update of its stored
+//!   nodes.
+//! - (c) `overdrive_1t`: [`StateTrie::apply`] with one thread, including the store write.
+//! - (d) `overdrive`: the same with `threads` threads.
+//!
+//! All four must agree on every block's root.
+
+mod reth_style;
+
+use crate::{
+    error::TrieError,
+    state::{HashedAccount, HashedPostState, HashedStorage},
+    state_trie::{StateTrie, TrieConfig},
+    store::MemNodeStore,
+};
+use alloy_primitives::{Address, B256, U256, keccak256, map::B256Map};
+use alloy_rlp::Encodable;
+use alloy_trie::{EMPTY_ROOT_HASH, HashBuilder, KECCAK_EMPTY, Nibbles, TrieAccount};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use reth_style::StoredBranches;
+use serde::Serialize;
+use std::{collections::BTreeMap, fmt, time::Instant};
+
+/// Settings of one benchmark run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrieBenchConfig {
+    /// Accounts in the state (and balance slots in the token's storage).
+    pub accounts: usize,
+    /// Measured blocks (one more, unmeasured, warms up).
+    pub blocks: usize,
+    /// Threads of the parallel run (d).
+    pub threads: usize,
+    /// Token transfers per block.
+    pub transfers: usize,
+    /// Seed of the state and the blocks.
+    pub seed: u64,
+}
+
+impl Default for TrieBenchConfig {
+    fn default() -> Self {
+        Self {
+            accounts: 100_000,
+            blocks: 10,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            transfers: 6_000,
+            seed: 1,
+        }
+    }
+}
+
+/// Result of a run: medians over the measured blocks. Serializes to exactly the JSON fields
+/// of `overdrive bench trie --json`; the skipped fields are for the human-readable print.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TrieBenchReport {
+    /// Always `"trie"`.
+    pub bench: String,
+    /// Accounts in the state.
+    pub accounts: usize,
+    /// Threads of run (d).
+    pub threads: usize,
+    /// (a) Full `HashBuilder` rebuild, ms per block.
+    pub full_rebuild_ms: f64,
+    /// (b) reth-style serial incremental root, ms per block.
+    pub reth_style_ms: f64,
+    /// (c) overdrive on one thread, ms per block.
+    pub overdrive_1t_ms: f64,
+    /// (d) overdrive on `threads` threads, ms per block.
+    pub overdrive_ms: f64,
+    /// Keccak calls of (d) per block.
+    pub keccak_calls: u64,
+    /// Nodes (d) re-encoded and wrote per block.
+    pub dirty_nodes: u64,
+    /// Whether all four roots agreed on every block.
+    pub roots_equal: bool,
+    /// Measured blocks.
+    #[serde(skip)]
+    pub blocks: usize,
+    /// Changed accounts per block (median).
+    #[serde(skip)]
+    pub changed_accounts: usize,
+    /// Changed token slots per block (median).
+    #[serde(skip)]
+    pub changed_slots: usize,
+    /// Time of (d) computing the root only, without the store write, ms per block.
+    #[serde(skip)]
+    pub overdrive_compute_ms: f64,
+    /// Seconds spent building the initial state for all four.
+    #[serde(skip)]
+    pub setup_s: f64,
+}
+
+impl fmt::Display for TrieBenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        writeln!(
+            f,
+            "trie bench: {} accounts, token storage of {} slots, {} blocks of ~{} changed accounts + ~{} changed slots (setup {:.1} s)",
+            self.accounts, self.accounts, self.blocks, self.changed_accounts, self.changed_slots, self.setup_s
+        )?;
+        writeln!(f, "  median ms per block")?;
+        writeln!(f, "  (a) full HashBuilder rebuild     {:>9.2}", self.full_rebuild_ms)?;
+        writeln!(f, "  (b) reth-style incremental       {:>9.2}", self.reth_style_ms)?;
+        writeln!(
+            f,
+            "  (c) overdrive, 1 thread          {:>9.2}   {:.2}x faster than (b)",
+            self.overdrive_1t_ms,
+            ratio(self.reth_style_ms, self.overdrive_1t_ms)
+        )?;
+        writeln!(
+            f,
+            "  (d) overdrive, {} threads         {:>9.2}   {:.2}x faster than (c)   (root only, no store write: {:.2})",
+            self.threads,
+            self.overdrive_ms,
+            ratio(self.overdrive_1t_ms, self.overdrive_ms),
+            self.overdrive_compute_ms
+        )?;
+        writeln!(f, "  keccak calls {} / dirty nodes {} per block", self.keccak_calls, self.dirty_nodes)?;
+        write!(f, "  roots equal: {}", self.roots_equal)
+    }
+}
+
+/// The flat state the baselines read: hashed accounts and the token's hashed slots, sorted.
+struct FlatState {
+    accounts: BTreeMap<B256, TrieAccount>,
+    slots: BTreeMap<B256, U256>,
+}
+
+fn encode_account(_: &B256, account: &TrieAccount, out: &mut Vec<u8>) {
+    account.encode(out);
+}
+
+fn encode_slot(_: &B256, value: &U256, out: &mut Vec<u8>) {
+    value.encode(out);
+}
+
+/// The generated world: plain values by account index, with every key hashed once up front.
+struct World {
+    hashed_addresses: Vec<B256>,
+    hashed_slots: Vec<B256>,
+    nonces: Vec<u64>,
+    balances: Vec<U256>,
+    token_balances: Vec<U256>,
+    token: B256,
+    token_code_hash: B256,
+}
+
+impl World {
+    fn new(accounts: usize, rng: &mut SmallRng) -> Self {
+        let hashed_addresses: Vec<B256> =
+            (0..accounts as u64).map(|i| keccak256(Address::from_word(B256::from(U256::from(i + 1))))).collect();
+        let hashed_slots: Vec<B256> = (0..accounts as u64).map(|i| keccak256(U256::from(i).to_be_bytes::<32>())).collect();
+        Self {
+            hashed_addresses,
+            hashed_slots,
+            nonces: (0..accounts).map(|_| rng.random_range(0..1_000)).collect(),
+            balances: (0..accounts).map(|_| U256::from(rng.random::<u64>()) << 8).collect(),
+            token_balances: (0..accounts).map(|_| U256::from(rng.random_range(1u64 << 40..1u64 << 50))).collect(),
+            token: keccak256(Address::repeat_byte(0x70)),
+            token_code_hash: keccak256(b"erc20"),
+        }
+    }
+
+    fn account(&self, i: usize) -> HashedAccount {
+        HashedAccount { nonce: self.nonces[i], balance: self.balances[i], code_hash: KECCAK_EMPTY }
+    }
+
+    fn token_account(&self) -> HashedAccount {
+        HashedAccount { nonce: 1, balance: U256::ZERO, code_hash: self.token_code_hash }
+    }
+
+    /// The whole state as a diff against the empty trie.
+    fn genesis(&self) -> HashedPostState {
+        let mut diff = HashedPostState::default();
+        diff.accounts.reserve(self.nonces.len() + 1);
+        for (i, hashed) in self.hashed_addresses.iter().enumerate() {
+            diff.accounts.insert(*hashed, Some(self.account(i)));
+        }
+        diff.accounts.insert(self.token, Some(self.token_account()));
+        let slots: B256Map<U256> = self.hashed_slots.iter().copied().zip(self.token_balances.iter().copied()).collect();
+        diff.storages.insert(self.token, HashedStorage { wiped: false, slots });
+        diff
+    }
+
+    fn flat(&self, token_root: B256) -> FlatState {
+        let mut accounts: BTreeMap<B256, TrieAccount> = self
+            .hashed_addresses
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (*h, TrieAccount::new(self.nonces[i], self.balances[i], EMPTY_ROOT_HASH, KECCAK_EMPTY)))
+            .collect();
+        accounts.insert(self.token, TrieAccount::new(1, U256::ZERO, token_root, self.token_code_hash));
+        let slots = self.hashed_slots.iter().copied().zip(self.token_balances.iter().copied()).collect();
+        FlatState { accounts, slots }
+    }
+
+    /// One block of transfers: updates the world and returns the diff plus the changed
+    /// account and slot indices.
+    fn block(&mut self, transfers: usize, rng: &mut SmallRng) -> (HashedPostState, Vec<usize>, Vec<usize>) {
+        let n = self.nonces.len();
+        let mut senders = Vec::with_capacity(transfers);
+        let mut slots = Vec::with_capacity(transfers * 2);
+        for _ in 0..transfers {
+            let from = rng.random_range(0..n);
+            let to = rng.random_range(0..n);
+            let amount = U256::from(rng.random_range(1u64..1_000_000));
+            self.nonces[from] += 1;
+            self.balances[from] = self.balances[from].saturating_sub(U256::from(21_000u64 * 7));
+            self.token_balances[from] = self.token_balances[from].saturating_sub(amount).max(U256::from(1));
+            self.token_balances[to] += amount;
+            senders.push(from);
+            slots.push(from);
+            slots.push(to);
+        }
+        senders.sort_unstable();
+        senders.dedup();
+        slots.sort_unstable();
+        slots.dedup();
+        let mut diff = HashedPostState::default();
+        for &i in &senders {
+            diff.accounts.insert(self.hashed_addresses[i], Some(self.account(i)));
+        }
+        let storage = slots.iter().map(|&i| (self.hashed_slots[i], self.token_balances[i])).collect();
+        diff.storages.insert(self.token, HashedStorage { wiped: false, slots: storage });
+        (diff, senders, slots)
+    }
+}
+
+fn full_rebuild(flat: &FlatState, token: B256) -> B256 {
+    let mut buf = Vec::with_capacity(128);
+    let mut storage = HashBuilder::default();
+    for (key, value) in &flat.slots {
+        buf.clear();
+        value.encode(&mut buf);
+        storage.add_leaf(Nibbles::unpack(key), &buf);
+    }
+    let token_root = storage.root();
+    let mut accounts = HashBuilder::default();
+    for (key, account) in &flat.accounts {
+        buf.clear();
+        if *key == token {
+            TrieAccount { storage_root: token_root, ..*account }.encode(&mut buf);
+        } else {
+            account.encode(&mut buf);
+        }
+        accounts.add_leaf(Nibbles::unpack(key), &buf);
+    }
+    accounts.root()
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+fn median_u64(values: &mut [u64]) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+fn ms(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
+}
+
+/// Runs the benchmark.
+pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
+    if cfg.accounts < 2 || cfg.blocks == 0 || cfg.threads == 0 || cfg.transfers == 0 {
+        return Err(TrieError::InvalidConfig(format!(
+            "need accounts >= 2 and blocks, threads, transfers >= 1 (got {cfg:?})"
+        )));
+    }
+    let setup = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(cfg.seed);
+    let mut world = World::new(cfg.accounts, &mut rng);
+    let genesis = world.genesis();
+
+    let mut serial = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(1))?;
+    let mut parallel = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(cfg.threads))?;
+    // Built on the parallel trie's pool, then the serial trie gets its own copy of the nodes.
+    parallel.apply(&genesis)?;
+    serial.apply(&genesis)?;
+    drop(genesis);
+
+    let token_root = parallel.storage_root(world.token)?;
+    let mut flat = world.flat(token_root);
+    let mut reth_storage = StoredBranches::build(&flat.slots, encode_slot);
+    let mut reth_accounts = StoredBranches::build(&flat.accounts, encode_account);
+    let mut roots_equal = reth_accounts.update(&flat.accounts, &[], encode_account) == parallel.root()
+        && serial.root() == parallel.root();
+    let setup_s = setup.elapsed().as_secs_f64();
+
+    let (mut full_ms, mut reth_ms, mut one_ms, mut par_ms, mut compute_ms) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut keccak_calls, mut dirty_nodes, mut changed_accounts, mut changed_slots) = (vec![], vec![], vec![], vec![]);
+    for block in 0..=cfg.blocks {
+        let (diff, senders, slots) = world.block(cfg.transfers, &mut rng);
+        // The flat state is the baselines' input, written before their timers start (as
+        // reth's hashing stages run before its merkle stage).
+        for &i in &senders {
+            let account = flat.accounts.entry(world.hashed_addresses[i]).or_default();
+            account.nonce = world.nonces[i];
+            account.balance = world.balances[i];
+        }
+        for &i in &slots {
+            flat.slots.insert(world.hashed_slots[i], world.token_balances[i]);
+        }
+
+        // (a)
+        let start = Instant::now();
+        let full_root = full_rebuild(&flat, world.token);
+        let full_time = ms(start);
+
+        // (b)
+        let start = Instant::now();
+        let mut changed: Vec<Nibbles> = slots.iter().map(|&i| Nibbles::unpack(world.hashed_slots[i])).collect();
+        changed.sort_unstable();
+        let token_root = reth_storage.update(&flat.slots, &changed, encode_slot);
+        if let Some(token) = flat.accounts.get_mut(&world.token) {
+            token.storage_root = token_root;
+        }
+        let mut changed: Vec<Nibbles> = senders.iter().map(|&i| Nibbles::unpack(world.hashed_addresses[i])).collect();
+        changed.push(Nibbles::unpack(world.token));
+        changed.sort_unstable();
+        let reth_root = reth_accounts.update(&flat.accounts, &changed, encode_account);
+        let reth_time = ms(start);
+
+        // (c)
+        let start = Instant::now();
+        let one = serial.apply(&diff)?;
+        let one_time = ms(start);
+
+        // (d), root alone then the store write
+        let start = Instant::now();
+        let output = parallel.compute(&diff)?;
+        let compute_time = ms(start);
+        parallel.commit(&output)?;
+        let par_time = ms(start);
+
+        roots_equal &= full_root == reth_root && reth_root == one.root && one.root == output.root;
+        if block == 0 {
+            continue;
+        }
+        full_ms.push(full_time);
+        reth_ms.push(reth_time);
+        one_ms.push(one_time);
+        par_ms.push(par_time);
+        compute_ms.push(compute_time);
+        keccak_calls.push(output.stats.keccak_calls);
+        dirty_nodes.push(output.stats.dirty_nodes);
+        changed_accounts.push(senders.len() as u64 + 1);
+        changed_slots.push(slots.len() as u64);
+    }
+
+    Ok(TrieBenchReport {
+        bench: "trie".to_string(),
+        accounts: cfg.accounts,
+        threads: cfg.threads,
+        full_rebuild_ms: median(&mut full_ms),
+        reth_style_ms: median(&mut reth_ms),
+        overdrive_1t_ms: median(&mut one_ms),
+        overdrive_ms: median(&mut par_ms),
+        keccak_calls: median_u64(&mut keccak_calls),
+        dirty_nodes: median_u64(&mut dirty_nodes),
+        roots_equal,
+        blocks: cfg.blocks,
+        changed_accounts: median_u64(&mut changed_accounts) as usize,
+        changed_slots: median_u64(&mut changed_slots) as usize,
+        overdrive_compute_ms: median(&mut compute_ms),
+        setup_s,
+    })
+}
+
+#[doc(hidden)]
+pub fn profile_only(accounts: usize, blocks: usize, threads: usize) {
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut world = World::new(accounts, &mut rng);
+    let genesis = world.genesis();
+    let mut t = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(threads)).unwrap();
+    t.apply(&genesis).unwrap();
+    drop(genesis);
+    let diffs: Vec<_> = (0..blocks).map(|_| world.block(6000, &mut rng).0).collect();
+    let cpu = || -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) * 10.0
+    };
+    let cpu0 = cpu();
+    let start = Instant::now();
+    let mut compute = 0.0;
+    for d in &diffs {
+        let s = Instant::now();
+        let out = t.compute(d).unwrap();
+        compute += ms(s);
+        t.commit(&out).unwrap();
+    }
+    eprintln!("{:.2} ms/block, compute {:.2}, cpu {:.2} ms/block", ms(start) / blocks as f64, compute / blocks as f64, (cpu() - cpu0) / blocks as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_run_agrees_and_serializes_exact_fields() {
+        let cfg = TrieBenchConfig { accounts: 3_000, blocks: 2, threads: 2, transfers: 500, seed: 3 };
+        let report = run(&cfg).unwrap();
+        assert!(report.roots_equal);
+        assert!(report.keccak_calls <= report.dirty_nodes);
+        assert!(report.dirty_nodes > 500);
+        let json = serde_json::to_value(&report).unwrap();
+        let keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut expected = vec![
+            "bench",
+            "accounts",
+            "threads",
+            "full_rebuild_ms",
+            "reth_style_ms",
+            "overdrive_1t_ms",
+            "overdrive_ms",
+            "keccak_calls",
+            "dirty_nodes",
+            "roots_equal",
+        ];
+        let mut keys_sorted = keys.clone();
+        keys_sorted.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(keys_sorted, expected);
+        assert_eq!(json["bench"], "trie");
+        assert!(report.to_string().contains("roots equal: true"));
+    }
+
+    #[test]
+    fn bad_config_is_an_error() {
+        let cfg = TrieBenchConfig { accounts: 0, ..TrieBenchConfig::default() };
+        assert!(matches!(run(&cfg), Err(TrieError::InvalidConfig(_))));
+    }
+}

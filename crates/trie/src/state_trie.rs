@@ -1,0 +1,667 @@
+//! The state trie: the account trie plus one storage trie per contract, updated block by block
+//! on a persistent thread pool.
+
+use crate::{
+    engine::{Ctx, LeafOp, Out, RootChange, get_value, root_of_node, update_trie},
+    error::TrieError,
+    state::{HashedAccount, HashedPostState, HashedStorage},
+    store::{MemNodeStore, NodeStore, StorageTrieUpdates, TrieId, TrieUpdates},
+};
+use alloy_primitives::{B256, U256, map::B256Map};
+use alloy_rlp::{Decodable, Encodable};
+use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieAccount};
+use rayon::{ThreadPool, ThreadPoolBuilder, prelude::*};
+use std::{cmp::Reverse, sync::Arc};
+
+/// Settings of a [`StateTrie`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrieConfig {
+    /// Worker threads of the trie's pool. 1 runs everything on one thread with no splitting.
+    pub threads: usize,
+    /// A subtree with at least this many pending updates hands its children to the pool, at
+    /// the root and at any depth below it.
+    pub parallel_threshold: usize,
+}
+
+impl Default for TrieConfig {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            parallel_threshold: 64,
+        }
+    }
+}
+
+impl TrieConfig {
+    /// The default configuration with `threads` workers.
+    pub fn with_threads(threads: usize) -> Self {
+        Self { threads, ..Self::default() }
+    }
+}
+
+/// Counters of one [`StateTrie::apply`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrieStats {
+    /// Keccak calls made hashing nodes (keys are hashed before the trie sees them).
+    pub keccak_calls: u64,
+    /// Nodes re-encoded and written.
+    pub dirty_nodes: u64,
+    /// Nodes deleted (not counting wiped storage tries).
+    pub deleted_nodes: u64,
+    /// Storage tries updated or wiped.
+    pub storage_tries: u64,
+    /// Account leaves updated, created or deleted (requested; unchanged values included).
+    pub account_updates: u64,
+    /// Storage slots updated (requested).
+    pub slot_updates: u64,
+}
+
+/// What [`StateTrie::compute`] returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateRootOutput {
+    /// The state root after the diff.
+    pub root: B256,
+    /// The node writes and deletes that take the store from the old state to the new one.
+    pub updates: TrieUpdates,
+    /// Counters.
+    pub stats: TrieStats,
+}
+
+/// The state trie over a [`NodeStore`], with its own worker pool.
+///
+/// Cloning shares the pool and clones the store, which for [`MemNodeStore`] is cheap; that is
+/// how a test runner forks a side chain from any block's trie.
+#[derive(Clone)]
+pub struct StateTrie<S = MemNodeStore> {
+    store: S,
+    config: TrieConfig,
+    pool: Arc<ThreadPool>,
+    root: B256,
+}
+
+impl<S> std::fmt::Debug for StateTrie<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateTrie").field("root", &self.root).field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// How an account leaf changes.
+enum AccountOp {
+    Delete,
+    /// New nonce, balance and code hash; the storage root is the new one if the block
+    /// changed the storage trie, otherwise the stored leaf's (or empty for a new account).
+    Set(HashedAccount, Option<B256>),
+    /// Only the storage root changed.
+    StorageRoot(B256),
+}
+
+struct KeyedAccountOp {
+    address: B256,
+    op: AccountOp,
+}
+
+impl KeyedAccountOp {
+    fn decode_old(&self, old: &[u8]) -> Result<TrieAccount, TrieError> {
+        TrieAccount::decode(&mut &old[..]).map_err(|source| TrieError::LeafDecode { address: self.address, source })
+    }
+}
+
+impl LeafOp for KeyedAccountOp {
+    fn apply(&self, old: Option<&[u8]>, out: &mut Vec<u8>) -> Result<bool, TrieError> {
+        let account = match &self.op {
+            AccountOp::Delete => return Ok(false),
+            AccountOp::Set(account, storage_root) => {
+                let storage_root = match (storage_root, old) {
+                    (Some(root), _) => *root,
+                    (None, Some(old)) => self.decode_old(old)?.storage_root,
+                    (None, None) => EMPTY_ROOT_HASH,
+                };
+                TrieAccount::new(account.nonce, account.balance, storage_root, account.code_hash)
+            }
+            AccountOp::StorageRoot(root) => {
+                let old = old.ok_or(TrieError::MissingAccount(self.address))?;
+                let mut account = self.decode_old(old)?;
+                account.storage_root = *root;
+                account
+            }
+        };
+        account.encode(out);
+        Ok(true)
+    }
+}
+
+struct SlotOp(U256);
+
+impl LeafOp for SlotOp {
+    fn apply(&self, _old: Option<&[u8]>, out: &mut Vec<u8>) -> Result<bool, TrieError> {
+        if self.0.is_zero() {
+            return Ok(false);
+        }
+        self.0.encode(out);
+        Ok(true)
+    }
+}
+
+/// Below this many items a sort stays on the calling thread.
+const PARALLEL_SORT_MIN: usize = 16_384;
+
+fn sort_by_key<T: Send>(items: &mut [(Nibbles, T)], parallel: bool) {
+    if parallel && items.len() >= PARALLEL_SORT_MIN {
+        items.par_sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    } else {
+        items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    }
+}
+
+struct StorageResult {
+    address: B256,
+    wiped: bool,
+    root: RootChange,
+    out: Out,
+}
+
+impl<S: NodeStore> StateTrie<S> {
+    /// Opens the trie held by `store` with a new pool of `config.threads` workers.
+    pub fn new(store: S, config: TrieConfig) -> Result<Self, TrieError> {
+        let threads = config.threads.max(1);
+        let pool = ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("overdrive-trie-{i}")).build()?;
+        Self::with_pool(store, config, Arc::new(pool))
+    }
+
+    /// Opens the trie held by `store` on an existing pool (shared with other tries).
+    pub fn with_pool(store: S, config: TrieConfig, pool: Arc<ThreadPool>) -> Result<Self, TrieError> {
+        if config.parallel_threshold < 2 {
+            return Err(TrieError::InvalidConfig(format!(
+                "parallel_threshold must be at least 2, got {}",
+                config.parallel_threshold
+            )));
+        }
+        let root = root_of_node(store.get(TrieId::Account, &Nibbles::new()).map_err(TrieError::store)?.as_deref());
+        Ok(Self { store, config, pool, root })
+    }
+
+    /// The current state root.
+    pub fn root(&self) -> B256 {
+        self.root
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> TrieConfig {
+        self.config
+    }
+
+    /// The node store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Gives the node store back.
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    /// Applies a diff: computes the new root, writes the node changes to the store, and
+    /// returns both. On error nothing is written.
+    pub fn apply(&mut self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
+        let output = self.compute(diff)?;
+        self.commit(&output)?;
+        Ok(output)
+    }
+
+    /// Writes the node changes of an output of [`StateTrie::compute`] made against the
+    /// current state, and moves the root.
+    pub fn commit(&mut self, output: &StateRootOutput) -> Result<(), TrieError> {
+        let store = &mut self.store;
+        self.pool.install(|| store.apply(&output.updates)).map_err(TrieError::store)?;
+        self.root = output.root;
+        Ok(())
+    }
+
+    /// Computes the root and node changes of `diff` without writing them.
+    pub fn compute(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
+        let parallel = self.config.threads > 1;
+        let split_at = if parallel { self.config.parallel_threshold } else { usize::MAX };
+        self.pool.install(|| {
+            let mut stats = TrieStats::default();
+            let mut updates = TrieUpdates::default();
+
+            // Storage tries first, largest first so the big ones start before the pool fills
+            // with small ones; the account leaves need their new roots.
+            let mut jobs: Vec<(&B256, &HashedStorage)> = diff
+                .storages
+                .iter()
+                .filter(|(address, storage)| {
+                    !matches!(diff.accounts.get(*address), Some(None)) && (storage.wiped || !storage.slots.is_empty())
+                })
+                .collect();
+            jobs.sort_unstable_by_key(|(address, storage)| (Reverse(storage.slots.len()), **address));
+            let run = |(address, storage): &(&B256, &HashedStorage)| -> Result<StorageResult, TrieError> {
+                let mut slots: Vec<(Nibbles, SlotOp)> =
+                    storage.slots.iter().map(|(slot, value)| (Nibbles::unpack(slot), SlotOp(*value))).collect();
+                sort_by_key(&mut slots, parallel);
+                let ctx = Ctx { store: &self.store, trie: TrieId::Storage(**address), split_at };
+                let mut out = Out::for_updates(slots.len());
+                let root = update_trie(&ctx, &slots, storage.wiped, &mut out)?;
+                Ok(StorageResult { address: **address, wiped: storage.wiped, root, out })
+            };
+            let results: Vec<StorageResult> = if parallel {
+                jobs.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
+            } else {
+                jobs.iter().map(run).collect::<Result<_, _>>()?
+            };
+
+            let mut storage_roots: B256Map<B256> = B256Map::default();
+            for result in results {
+                stats.keccak_calls += result.out.keccak_calls;
+                if let RootChange::Changed(root) = result.root {
+                    storage_roots.insert(result.address, root);
+                }
+                if result.wiped || !result.out.nodes.is_empty() {
+                    updates
+                        .storage_tries
+                        .insert(result.address, StorageTrieUpdates { wiped: result.wiped, nodes: result.out.nodes });
+                }
+            }
+            for (address, account) in &diff.accounts {
+                if account.is_none()
+                    && self.store.get(TrieId::Storage(*address), &Nibbles::new()).map_err(TrieError::store)?.is_some()
+                {
+                    updates.storage_tries.insert(*address, StorageTrieUpdates { wiped: true, ..Default::default() });
+                }
+            }
+
+            let mut accounts: Vec<(Nibbles, KeyedAccountOp)> = Vec::with_capacity(diff.accounts.len() + storage_roots.len());
+            for (address, account) in &diff.accounts {
+                let op = match account {
+                    None => AccountOp::Delete,
+                    Some(account) => AccountOp::Set(*account, storage_roots.get(address).copied()),
+                };
+                accounts.push((Nibbles::unpack(address), KeyedAccountOp { address: *address, op }));
+            }
+            for (address, root) in &storage_roots {
+                if !diff.accounts.contains_key(address) {
+                    let op = KeyedAccountOp { address: *address, op: AccountOp::StorageRoot(*root) };
+                    accounts.push((Nibbles::unpack(address), op));
+                }
+            }
+            sort_by_key(&mut accounts, parallel);
+            let ctx = Ctx { store: &self.store, trie: TrieId::Account, split_at };
+            let mut out = Out::for_updates(accounts.len());
+            let root = match update_trie(&ctx, &accounts, false, &mut out)? {
+                RootChange::Unchanged => self.root,
+                RootChange::Changed(root) => root,
+            };
+            stats.keccak_calls += out.keccak_calls;
+            updates.account_nodes = out.nodes;
+
+            stats.dirty_nodes = updates.writes() as u64;
+            stats.deleted_nodes = updates.deletes() as u64;
+            stats.storage_tries = updates.storage_tries.len() as u64;
+            stats.account_updates = accounts.len() as u64;
+            stats.slot_updates = diff.storages.values().map(|s| s.slots.len() as u64).sum();
+            Ok(StateRootOutput { root, updates, stats })
+        })
+    }
+
+    /// The stored account under a hashed address.
+    pub fn account(&self, hashed_address: B256) -> Result<Option<TrieAccount>, TrieError> {
+        let ctx = Ctx { store: &self.store, trie: TrieId::Account, split_at: usize::MAX };
+        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_address))? else { return Ok(None) };
+        TrieAccount::decode(&mut &value[..])
+            .map(Some)
+            .map_err(|source| TrieError::LeafDecode { address: hashed_address, source })
+    }
+
+    /// The storage root of the account under a hashed address (empty for none).
+    pub fn storage_root(&self, hashed_address: B256) -> Result<B256, TrieError> {
+        Ok(self.account(hashed_address)?.map_or(EMPTY_ROOT_HASH, |a| a.storage_root))
+    }
+
+    /// The stored value of a hashed slot of a hashed address (`None` when zero).
+    pub fn storage(&self, hashed_address: B256, hashed_slot: B256) -> Result<Option<U256>, TrieError> {
+        let ctx = Ctx { store: &self.store, trie: TrieId::Storage(hashed_address), split_at: usize::MAX };
+        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_slot))? else { return Ok(None) };
+        U256::decode(&mut &value[..])
+            .map(Some)
+            .map_err(|source| TrieError::LeafDecode { address: hashed_address, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{node::Node, raw::tests::assert_branches_match_hash_builder, reference, store::NodeUpdates};
+    use alloy_primitives::{Address, keccak256, map::HashMap};
+    use overdrive_primitives::{MemAccount, MemState};
+    use proptest::prelude::*;
+    use revm::{
+        database::{AccountStatus, BundleState},
+        primitives::KECCAK_EMPTY,
+        state::AccountInfo,
+    };
+    use std::collections::{BTreeMap, BTreeSet};
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        SetAccount { addr: u8, nonce: u8, balance: u16, code: bool },
+        DeleteAccount { addr: u8 },
+        SetSlot { addr: u8, slot: u8, value: u16 },
+        /// Self-destruct: the account goes, with its storage.
+        Destroy { addr: u8 },
+        /// Self-destruct then re-create in the same block with new storage.
+        Recreate { addr: u8, slots: Vec<(u8, u16)> },
+    }
+
+    fn op(addrs: u8, slots: u8) -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..addrs, any::<u8>(), any::<u16>(), any::<bool>())
+                .prop_map(|(addr, nonce, balance, code)| Op::SetAccount { addr, nonce, balance, code }),
+            1 => (0..addrs).prop_map(|addr| Op::DeleteAccount { addr }),
+            8 => (0..addrs, 0..slots, prop_oneof![1 => Just(0u16), 3 => 1..u16::MAX])
+                .prop_map(|(addr, slot, value)| Op::SetSlot { addr, slot, value }),
+            1 => (0..addrs).prop_map(|addr| Op::Destroy { addr }),
+            1 => (0..addrs, prop::collection::vec((0..slots, 1..u16::MAX), 0..6))
+                .prop_map(|(addr, slots)| Op::Recreate { addr, slots }),
+        ]
+    }
+
+    fn address(i: u8) -> Address {
+        Address::with_last_byte(i)
+    }
+
+    fn info(nonce: u64, balance: u64, code: bool) -> AccountInfo {
+        let code_hash = if code { keccak256([1, 2, 3]) } else { KECCAK_EMPTY };
+        AccountInfo { nonce, balance: U256::from(balance), code_hash, code: None, account_id: None }
+    }
+
+    /// Applies one block's ops to the model and returns the block's diff, built the way an
+    /// executor's bundle reports it: final values of touched keys, `wiped` when the account
+    /// was destroyed during the block.
+    fn apply_block(model: &mut MemState, ops: &[Op]) -> HashedPostState {
+        let mut touched: BTreeMap<Address, (bool, BTreeSet<U256>)> = BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::SetAccount { addr, nonce, balance, code } => {
+                    let a = model.accounts.entry(address(*addr)).or_default();
+                    a.info = info(u64::from(*nonce), u64::from(*balance), *code);
+                    touched.entry(address(*addr)).or_default();
+                }
+                Op::DeleteAccount { addr } | Op::Destroy { addr } => {
+                    model.accounts.remove(&address(*addr));
+                    touched.entry(address(*addr)).or_default().0 = true;
+                }
+                Op::SetSlot { addr, slot, value } => {
+                    let a = model
+                        .accounts
+                        .entry(address(*addr))
+                        .or_insert_with(|| MemAccount { info: info(1, 0, true), storage: HashMap::default() });
+                    let slot = U256::from(*slot);
+                    if *value == 0 {
+                        a.storage.remove(&slot);
+                    } else {
+                        a.storage.insert(slot, U256::from(*value));
+                    }
+                    touched.entry(address(*addr)).or_default().1.insert(slot);
+                }
+                Op::Recreate { addr, slots } => {
+                    let entry = touched.entry(address(*addr)).or_default();
+                    entry.0 = true;
+                    let a = model.accounts.entry(address(*addr)).or_default();
+                    a.info = info(1, 7, true);
+                    a.storage.clear();
+                    for (slot, value) in slots {
+                        a.storage.insert(U256::from(*slot), U256::from(*value));
+                        entry.1.insert(U256::from(*slot));
+                    }
+                }
+            }
+        }
+        let mut diff = HashedPostState::default();
+        for (addr, (wiped, slots)) in touched {
+            let hashed = keccak256(addr);
+            let Some(account) = model.accounts.get(&addr) else {
+                diff.accounts.insert(hashed, None);
+                continue;
+            };
+            diff.accounts.insert(hashed, Some(HashedAccount::from(&account.info)));
+            if wiped || !slots.is_empty() {
+                let slots = slots
+                    .iter()
+                    .map(|s| (keccak256(s.to_be_bytes::<32>()), account.storage.get(s).copied().unwrap_or_default()))
+                    .collect();
+                diff.storages.insert(hashed, HashedStorage { wiped, slots });
+            }
+        }
+        diff
+    }
+
+    fn trie(threads: usize, threshold: usize) -> StateTrie {
+        StateTrie::new(MemNodeStore::new(), TrieConfig { threads, parallel_threshold: threshold }).unwrap()
+    }
+
+    fn assert_disjoint(nodes: &NodeUpdates) {
+        let written: BTreeSet<Nibbles> = nodes.writes.iter().map(|(p, _)| *p).collect();
+        assert_eq!(written.len(), nodes.writes.len(), "a path written twice");
+        assert!(nodes.deletes.iter().all(|p| !written.contains(p)), "a path both written and deleted");
+    }
+
+    fn check_output(output: &StateRootOutput) {
+        assert!(output.stats.keccak_calls <= output.stats.dirty_nodes, "{:?}", output.stats);
+        assert_disjoint(&output.updates.account_nodes);
+        for storage in output.updates.storage_tries.values() {
+            assert_disjoint(&storage.nodes);
+        }
+    }
+
+    /// The stored nodes equal those of a fresh build of `model`, and every branch equals what
+    /// alloy-trie's HashBuilder builds from the leaves.
+    fn assert_nodes_match_fresh_build(trie: &StateTrie, model: &MemState) {
+        let mut fresh = super::tests::trie(1, 64);
+        fresh.apply(&HashedPostState::from_state(model)).unwrap();
+        assert_eq!(fresh.root(), trie.root());
+        let (ours, theirs) = (trie.store(), fresh.store());
+        assert_eq!(ours.nodes(TrieId::Account), theirs.nodes(TrieId::Account), "account trie nodes");
+        assert_eq!(ours.storage_owners(), theirs.storage_owners(), "storage tries");
+        for owner in ours.storage_owners() {
+            assert_eq!(ours.nodes(TrieId::Storage(owner)), theirs.nodes(TrieId::Storage(owner)), "storage {owner}");
+        }
+
+        let mut account_leaves = BTreeMap::new();
+        for (addr, account) in &model.accounts {
+            let hashed = keccak256(addr);
+            let slots: BTreeMap<Nibbles, Vec<u8>> = account
+                .storage
+                .iter()
+                .map(|(k, v)| (Nibbles::unpack(keccak256(k.to_be_bytes::<32>())), alloy_rlp::encode(v)))
+                .collect();
+            let storage_root = reference::storage_root(&account.storage);
+            assert_branches_match_hash_builder(&ours.nodes(TrieId::Storage(hashed)), &slots, storage_root);
+            let info = &account.info;
+            let leaf = TrieAccount::new(info.nonce, info.balance, storage_root, info.code_hash);
+            account_leaves.insert(Nibbles::unpack(hashed), alloy_rlp::encode(leaf));
+        }
+        assert_branches_match_hash_builder(&ours.nodes(TrieId::Account), &account_leaves, trie.root());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Multi-block sequences of inserts, updates, deletes, self-destructs and re-creates:
+        /// every block's root equals the HashBuilder root of the model state; after the last
+        /// block the stored nodes equal a fresh build's; one thread and many threads (split
+        /// at every level) write the same nodes.
+        #[test]
+        fn blocks_match_reference(blocks in prop::collection::vec(prop::collection::vec(op(24, 40), 1..30), 1..6)) {
+            let mut model = MemState::default();
+            let mut serial = trie(1, 64);
+            let mut parallel = trie(4, 2);
+            for ops in &blocks {
+                let diff = apply_block(&mut model, ops);
+                let a = serial.apply(&diff).unwrap();
+                let b = parallel.apply(&diff).unwrap();
+                check_output(&a);
+                check_output(&b);
+                let expected = reference::state_root(&model);
+                prop_assert_eq!(a.root, expected);
+                prop_assert_eq!(b.root, expected);
+                prop_assert_eq!(a.stats.dirty_nodes, b.stats.dirty_nodes);
+                prop_assert_eq!(a.stats.keccak_calls, b.stats.keccak_calls);
+            }
+            assert_nodes_match_fresh_build(&serial, &model);
+            assert_nodes_match_fresh_build(&parallel, &model);
+            for (addr, account) in &model.accounts {
+                let stored = serial.account(keccak256(addr)).unwrap().unwrap();
+                prop_assert_eq!(stored.nonce, account.info.nonce);
+                for (slot, value) in &account.storage {
+                    let got = parallel.storage(keccak256(addr), keccak256(slot.to_be_bytes::<32>())).unwrap();
+                    prop_assert_eq!(got, Some(*value));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_trie_and_noop_diffs() {
+        let mut t = trie(2, 2);
+        assert_eq!(t.root(), EMPTY_ROOT_HASH);
+        let out = t.apply(&HashedPostState::default()).unwrap();
+        assert_eq!(out.root, EMPTY_ROOT_HASH);
+        assert!(out.updates.is_empty());
+
+        let mut model = MemState::default();
+        let diff = apply_block(&mut model, &[Op::SetSlot { addr: 1, slot: 1, value: 5 }, Op::SetAccount { addr: 2, nonce: 1, balance: 1, code: false }]);
+        t.apply(&diff).unwrap();
+        // Re-applying the same values changes nothing and hashes nothing.
+        let again = t.apply(&diff).unwrap();
+        assert_eq!(again.root, reference::state_root(&model));
+        assert_eq!(again.stats.dirty_nodes, 0);
+        assert_eq!(again.stats.keccak_calls, 0);
+        // Deleting everything gives the empty root and an empty store.
+        let diff = apply_block(&mut model, &[Op::DeleteAccount { addr: 1 }, Op::DeleteAccount { addr: 2 }]);
+        let out = t.apply(&diff).unwrap();
+        assert_eq!(out.root, EMPTY_ROOT_HASH);
+        assert!(t.store().is_empty(), "{} nodes left", t.store().len());
+    }
+
+    #[test]
+    fn storage_change_of_missing_account_is_an_error_and_writes_nothing() {
+        let mut model = MemState::default();
+        let mut t = trie(2, 2);
+        t.apply(&apply_block(&mut model, &[Op::SetAccount { addr: 1, nonce: 1, balance: 1, code: false }])).unwrap();
+        let before = t.root();
+        let ghost = keccak256(address(9));
+        let mut diff = HashedPostState::default();
+        diff.storages.insert(ghost, HashedStorage { wiped: false, slots: B256Map::from_iter([(B256::ZERO, U256::from(1))]) });
+        assert!(matches!(t.apply(&diff), Err(TrieError::MissingAccount(a)) if a == ghost));
+        assert_eq!(t.root(), before);
+        assert!(t.store().storage_owners().is_empty());
+    }
+
+    /// The bug a peer shipped: self-destruct then re-create of a contract in one block must
+    /// keep only the new storage. Driven through a revm bundle, as an executor reports it.
+    #[test]
+    fn destroy_and_recreate_in_one_block_via_bundle() {
+        let contract = address(1);
+        let mut model = MemState::default();
+        let old_storage: HashMap<U256, U256> = (1..20u64).map(|i| (U256::from(i), U256::from(i))).collect();
+        model.accounts.insert(contract, MemAccount { info: info(1, 10, true), storage: old_storage.clone() });
+        model.accounts.insert(address(2), MemAccount { info: info(3, 30, false), storage: HashMap::default() });
+        let mut t = trie(2, 2);
+        t.apply(&HashedPostState::from_state(&model)).unwrap();
+        assert_eq!(t.root(), reference::state_root(&model));
+
+        let new_slot = |k: u64, v: u64| (U256::from(k), (U256::ZERO, U256::from(v)));
+        let mut bundle = BundleState::new(
+            [
+                (contract, Some(info(1, 10, true)), Some(info(1, 99, true)), HashMap::from_iter([new_slot(3, 33), new_slot(50, 5)])),
+                (address(2), Some(info(3, 30, false)), None, HashMap::default()),
+            ],
+            Vec::<Vec<(Address, Option<Option<AccountInfo>>, Vec<(U256, U256)>)>>::new(),
+            [],
+        );
+        bundle.state.get_mut(&contract).unwrap().status = AccountStatus::DestroyedChanged;
+        model.apply_bundle(&bundle);
+        assert_eq!(model.accounts[&contract].storage.len(), 2);
+
+        let out = t.apply(&HashedPostState::from_bundle(&bundle)).unwrap();
+        assert_eq!(out.root, reference::state_root(&model));
+        assert!(out.updates.storage_tries[&keccak256(contract)].wiped);
+        assert_nodes_match_fresh_build(&t, &model);
+
+        // Without the wipe the old slots would survive and the root would differ.
+        let mut kept = model.clone();
+        kept.accounts.get_mut(&contract).unwrap().storage.extend(old_storage.into_iter().filter(|(k, _)| *k != U256::from(3)));
+        assert_ne!(reference::state_root(&kept), out.root);
+    }
+
+    #[test]
+    fn clones_fork_independently() {
+        let mut model = MemState::default();
+        let ops: Vec<Op> = (0..40).map(|i| Op::SetSlot { addr: i % 5, slot: i, value: u16::from(i) + 1 }).collect();
+        let mut base = trie(2, 4);
+        base.apply(&apply_block(&mut model, &ops)).unwrap();
+
+        let (mut left_model, mut right_model) = (model.clone(), model.clone());
+        let mut left = base.clone();
+        let mut right = base.clone();
+        left.apply(&apply_block(&mut left_model, &[Op::Destroy { addr: 1 }, Op::SetSlot { addr: 2, slot: 3, value: 0 }])).unwrap();
+        right.apply(&apply_block(&mut right_model, &[Op::Recreate { addr: 1, slots: vec![(9, 9)] }])).unwrap();
+        assert_eq!(left.root(), reference::state_root(&left_model));
+        assert_eq!(right.root(), reference::state_root(&right_model));
+        assert_eq!(base.root(), reference::state_root(&model));
+        assert_nodes_match_fresh_build(&base, &model);
+        assert_nodes_match_fresh_build(&left, &left_model);
+        assert_nodes_match_fresh_build(&right, &right_model);
+    }
+
+    /// A few thousand accounts and one large contract over several blocks, with the default
+    /// split threshold, so the recursive parallel split runs at real depth.
+    #[test]
+    fn larger_state_over_blocks() {
+        use rand::{Rng, SeedableRng, rngs::SmallRng};
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut model = MemState::default();
+        for i in 0..3000u64 {
+            let storage = if i == 0 { (0..2000u64).map(|s| (U256::from(s), U256::from(s + 1))).collect() } else { HashMap::default() };
+            model.accounts.insert(Address::from_word(B256::from(U256::from(i))), MemAccount { info: info(i, i, i == 0), storage });
+        }
+        let mut t = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(2)).unwrap();
+        t.apply(&HashedPostState::from_state(&model)).unwrap();
+        assert_eq!(t.root(), reference::state_root(&model));
+        let token = Address::from_word(B256::ZERO);
+        for _ in 0..4 {
+            let mut diff = HashedPostState::default();
+            for _ in 0..400 {
+                let i: u64 = rng.random_range(0..4000);
+                let addr = Address::from_word(B256::from(U256::from(i)));
+                if rng.random_bool(0.1) && i != 0 {
+                    model.accounts.remove(&addr);
+                    diff.accounts.insert(keccak256(addr), None);
+                } else {
+                    let a = model.accounts.entry(addr).or_default();
+                    a.info = info(rng.random(), rng.random(), i == 0);
+                    diff.accounts.insert(keccak256(addr), Some(HashedAccount::from(&a.info)));
+                }
+            }
+            let storage = diff.storages.entry(keccak256(token)).or_default();
+            let contract = model.accounts.get_mut(&token).expect("token never deleted");
+            for _ in 0..800 {
+                let slot = U256::from(rng.random_range(0..2500u64));
+                let value = if rng.random_bool(0.2) { U256::ZERO } else { U256::from(rng.random::<u32>()) };
+                if value.is_zero() { contract.storage.remove(&slot); } else { contract.storage.insert(slot, value); }
+                storage.slots.insert(keccak256(slot.to_be_bytes::<32>()), value);
+            }
+            let out = t.apply(&diff).unwrap();
+            check_output(&out);
+            assert_eq!(out.root, reference::state_root(&model));
+        }
+        assert_nodes_match_fresh_build(&t, &model);
+    }
+
+    #[test]
+    fn bad_config_is_rejected() {
+        let config = TrieConfig { threads: 2, parallel_threshold: 1 };
+        assert!(matches!(StateTrie::new(MemNodeStore::new(), config), Err(TrieError::InvalidConfig(_))));
+        let _ = Node::decode(&[]);
+    }
+}

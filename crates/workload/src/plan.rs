@@ -1,0 +1,228 @@
+//! Chooses every transaction (sender, nonce, call) before anything is signed, so the genesis
+//! can be funded for exactly what the blocks do and signing can run in parallel.
+
+use crate::{HOT_ACCOUNT, HOT_SENDERS, WorkloadConfig, WorkloadKind};
+use alloy_primitives::{U256, keccak256};
+use rand_chacha::{
+    ChaCha8Rng,
+    rand_core::{RngCore, SeedableRng},
+};
+
+/// A seeded random stream. Only `next_u64` of ChaCha8 is used (no `rand` distributions), so
+/// the sequence is fixed by the algorithm, not by a library version.
+pub(crate) struct Rng(ChaCha8Rng);
+
+impl Rng {
+    pub(crate) fn new(seed: u64, label: &str) -> Self {
+        let mut preimage = label.as_bytes().to_vec();
+        preimage.extend_from_slice(&seed.to_be_bytes());
+        Self(ChaCha8Rng::from_seed(keccak256(preimage).0))
+    }
+
+    /// Uniform in `0..n` (multiply-shift; the bias is below 2^-32 for any n we use).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.0.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub(crate) fn between(&mut self, lo: u128, hi: u128) -> U256 {
+        let span = hi - lo + 1;
+        let wide = (u128::from(self.0.next_u64()) << 64) | u128::from(self.0.next_u64());
+        U256::from(lo + wide % span)
+    }
+
+    /// True with probability `p`.
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
+        if p <= 0.0 {
+            return false;
+        }
+        // 53 random bits as a float in [0, 1).
+        ((self.0.next_u64() >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < p
+    }
+}
+
+const GWEI: u128 = 1_000_000_000;
+const ETHER: u128 = GWEI * GWEI;
+/// ETH transfers send 1e-6 to 1e-3 ether.
+const ETH_VALUE: (u128, u128) = (ETHER / 1_000_000, ETHER / 1_000);
+/// ERC20 transfers move 0.001 to 1 token (18 decimals).
+const TOKEN_AMOUNT: (u128, u128) = (ETHER / 1_000, ETHER);
+/// Swaps pay in 0.01 to 10 tokens, against a million-token reserve.
+const SWAP_AMOUNT: (u128, u128) = (ETHER / 100, 10 * ETHER);
+
+/// What one transaction does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Send `value` wei to account `to`.
+    Eth { to: u32, value: U256 },
+    /// `transfer(account to, amount)` on the main token.
+    Erc20 { to: u32, amount: U256 },
+    /// Swap `amount_in` of the pair's token0 (or token1) for the other one, to the sender.
+    Swap {
+        pair: u32,
+        token0_in: bool,
+        amount_in: U256,
+    },
+}
+
+/// One transaction before signing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlannedTx {
+    pub(crate) sender: u32,
+    pub(crate) nonce: u64,
+    pub(crate) action: Action,
+}
+
+/// Picks senders: hot ones with probability `skew`, otherwise walks a seeded permutation of
+/// the cold accounts, so no cold account sends twice before every cold account has sent once.
+/// That keeps same-sender (nonce) dependencies at exactly what `sender_skew` asks for.
+struct Senders {
+    cold: Vec<u32>,
+    next: usize,
+    skew: f64,
+}
+
+impl Senders {
+    fn new(rng: &mut Rng, accounts: usize, skew: f64, total: usize) -> Self {
+        let first_cold = (HOT_ACCOUNT + 1) as u32;
+        let mut cold: Vec<u32> = (first_cold..accounts as u32).collect();
+        // A partial Fisher-Yates: only the prefix the walk will reach needs shuffling.
+        let steps = total.min(cold.len());
+        for i in 0..steps {
+            let j = i + rng.below((cold.len() - i) as u64) as usize;
+            cold.swap(i, j);
+        }
+        Self {
+            cold,
+            next: 0,
+            skew,
+        }
+    }
+
+    fn pick(&mut self, rng: &mut Rng) -> u32 {
+        if rng.chance(self.skew) {
+            return rng.below(HOT_SENDERS as u64) as u32;
+        }
+        let sender = self.cold[self.next];
+        self.next = (self.next + 1) % self.cold.len();
+        sender
+    }
+}
+
+/// A uniformly random account other than every one in `exclude`.
+fn recipient(rng: &mut Rng, accounts: usize, exclude: &[u32]) -> u32 {
+    loop {
+        let r = rng.below(accounts as u64) as u32;
+        if !exclude.contains(&r) {
+            return r;
+        }
+    }
+}
+
+/// The transactions of every block, in order.
+pub(crate) fn plan(cfg: &WorkloadConfig) -> Vec<Vec<PlannedTx>> {
+    let mut rng = Rng::new(cfg.seed, "overdrive-workload plan");
+    let total = cfg.txs_per_block * cfg.blocks;
+    let n = cfg.accounts;
+    let mut senders = Senders::new(&mut rng, n, cfg.sender_skew, total);
+    let mut nonces = vec![0u64; n];
+    // The chain's current holder: the first sender of the chained workload.
+    let mut holder = senders.cold[0];
+    let hot = HOT_ACCOUNT as u32;
+    let pairs = cfg.pairs as u64;
+
+    let mut blocks = Vec::with_capacity(cfg.blocks);
+    for _ in 0..cfg.blocks {
+        let mut txs = Vec::with_capacity(cfg.txs_per_block);
+        for _ in 0..cfg.txs_per_block {
+            let (sender, action) = match cfg.kind {
+                WorkloadKind::Transfer => {
+                    let sender = senders.pick(&mut rng);
+                    let to = recipient(&mut rng, n, &[sender]);
+                    (
+                        sender,
+                        Action::Eth {
+                            to,
+                            value: rng.between(ETH_VALUE.0, ETH_VALUE.1),
+                        },
+                    )
+                }
+                WorkloadKind::Erc20 => {
+                    let sender = senders.pick(&mut rng);
+                    let to = recipient(&mut rng, n, &[sender]);
+                    (
+                        sender,
+                        Action::Erc20 {
+                            to,
+                            amount: rng.between(TOKEN_AMOUNT.0, TOKEN_AMOUNT.1),
+                        },
+                    )
+                }
+                WorkloadKind::Uniswap => {
+                    let sender = senders.pick(&mut rng);
+                    let pair = rng.below(pairs) as u32;
+                    (sender, swap(&mut rng, pair))
+                }
+                WorkloadKind::Chained => {
+                    let sender = holder;
+                    let to = recipient(&mut rng, n, &[sender]);
+                    holder = to;
+                    (
+                        sender,
+                        Action::Erc20 {
+                            to,
+                            amount: rng.between(TOKEN_AMOUNT.0, TOKEN_AMOUNT.1),
+                        },
+                    )
+                }
+                WorkloadKind::Hybrid => {
+                    let sender = senders.pick(&mut rng);
+                    let is_hot = rng.chance(cfg.hot_share);
+                    // Cold picks avoid the hot account and pair, so `hot_share` is exactly the
+                    // share of transactions that touch them.
+                    let to = if is_hot {
+                        hot
+                    } else {
+                        recipient(&mut rng, n, &[sender, hot])
+                    };
+                    let action = match rng.below(3) {
+                        0 => Action::Eth {
+                            to,
+                            value: rng.between(ETH_VALUE.0, ETH_VALUE.1),
+                        },
+                        1 => Action::Erc20 {
+                            to,
+                            amount: rng.between(TOKEN_AMOUNT.0, TOKEN_AMOUNT.1),
+                        },
+                        _ => {
+                            let pair = match (is_hot, pairs) {
+                                (true, _) | (false, 1) => 0,
+                                (false, _) => 1 + rng.below(pairs - 1) as u32,
+                            };
+                            swap(&mut rng, pair)
+                        }
+                    };
+                    (sender, action)
+                }
+            };
+            let nonce = nonces[sender as usize];
+            nonces[sender as usize] += 1;
+            txs.push(PlannedTx {
+                sender,
+                nonce,
+                action,
+            });
+        }
+        blocks.push(txs);
+    }
+    blocks
+}
+
+fn swap(rng: &mut Rng, pair: u32) -> Action {
+    let token0_in = rng.below(2) == 0;
+    Action::Swap {
+        pair,
+        token0_in,
+        amount_in: rng.between(SWAP_AMOUNT.0, SWAP_AMOUNT.1),
+    }
+}
