@@ -22,7 +22,10 @@ fn run_value(name: &str, value: &Value) -> Vec<Outcome> {
 }
 
 fn run(path: &Path) -> Vec<Outcome> {
-    run_file(path, RunOptions::default()).into_iter().map(|r| r.outcome).collect()
+    run_file(path, RunOptions::default())
+        .into_iter()
+        .map(|r| r.outcome)
+        .collect()
 }
 
 fn load(rel: &str) -> Value {
@@ -37,7 +40,10 @@ fn untampered_fixtures_pass() {
     for rel in [VALID, INVALID] {
         let outcomes = run(&fixture(rel));
         assert!(!outcomes.is_empty());
-        assert!(outcomes.iter().all(|o| *o == Outcome::Passed), "{rel}: {outcomes:?}");
+        assert!(
+            outcomes.iter().all(|o| *o == Outcome::Passed),
+            "{rel}: {outcomes:?}"
+        );
     }
 }
 
@@ -50,7 +56,12 @@ fn tampered_post_state_fails() {
         account["balance"] = Value::String("0x1234567".into());
     }
     let outcomes = run_value("tampered-post", &value);
-    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Failed(why) if why.contains("post-state"))), "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Failed(why) if why.contains("post-state"))),
+        "{outcomes:?}"
+    );
 }
 
 #[test]
@@ -60,7 +71,12 @@ fn tampered_last_block_hash_fails() {
         test["lastblockhash"] = Value::String(format!("0x{}", "11".repeat(32)));
     }
     let outcomes = run_value("tampered-head", &value);
-    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Failed(why) if why.contains("head"))), "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Failed(why) if why.contains("head"))),
+        "{outcomes:?}"
+    );
 }
 
 #[test]
@@ -72,7 +88,12 @@ fn invalid_block_without_expect_exception_fails() {
         }
     }
     let outcomes = run_value("no-expect", &value);
-    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Failed(why) if why.contains("state root"))), "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Failed(why) if why.contains("state root"))),
+        "{outcomes:?}"
+    );
 }
 
 #[test]
@@ -84,13 +105,21 @@ fn valid_block_with_expect_exception_fails() {
         }
     }
     let outcomes = run_value("expect-on-valid", &value);
-    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Failed(why) if why.contains("must be rejected"))), "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Failed(why) if why.contains("must be rejected"))),
+        "{outcomes:?}"
+    );
 }
 
 #[test]
 fn malformed_fixtures_fail_without_crashing() {
     let outcomes = run_value("not-json", &Value::String("not a fixture file".into()));
-    assert!(matches!(&outcomes[..], [Outcome::Failed(_)]), "{outcomes:?}");
+    assert!(
+        matches!(&outcomes[..], [Outcome::Failed(_)]),
+        "{outcomes:?}"
+    );
 
     let mut value = load(VALID);
     for test in value.as_object_mut().unwrap().values_mut() {
@@ -98,12 +127,20 @@ fn malformed_fixtures_fail_without_crashing() {
         test["blocks"][0]["rlp"] = Value::String("0xc0".into());
     }
     let outcomes = run_value("bad-rlp", &value);
-    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Failed(_))), "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Outcome::Failed(_))),
+        "{outcomes:?}"
+    );
 
     let mut value = load(VALID);
     for test in value.as_object_mut().unwrap().values_mut() {
         test.as_object_mut().unwrap().remove("pre");
     }
     let outcomes = run_value("no-pre", &value);
-    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Failed(why) if why.contains("malformed"))), "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Failed(why) if why.contains("malformed"))),
+        "{outcomes:?}"
+    );
 }

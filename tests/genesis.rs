@@ -18,7 +18,10 @@ fn dev_genesis_is_deterministic_and_funded() {
     let b = ChainSpec::dev();
     let state = MemState::from_alloc(&a.genesis.alloc);
     let root = overdrive_trie::reference::state_root(&state);
-    assert_eq!(root, overdrive_trie::reference::state_root(&MemState::from_alloc(&b.genesis.alloc)));
+    assert_eq!(
+        root,
+        overdrive_trie::reference::state_root(&MemState::from_alloc(&b.genesis.alloc))
+    );
     assert_ne!(root, alloy_primitives::B256::ZERO);
     let header = a.genesis_header(root);
     assert_eq!(header.state_root, root);
@@ -52,7 +55,10 @@ fn genesis_json_round_trips_through_init_rules() {
     let header = spec.genesis_header(alloy_primitives::B256::ZERO);
     assert_eq!(header.base_fee_per_gas, Some(7));
     assert!(header.withdrawals_root.is_some());
-    assert!(header.blob_gas_used.is_none(), "Cancun is not active at genesis");
+    assert!(
+        header.blob_gas_used.is_none(),
+        "Cancun is not active at genesis"
+    );
     assert!(ChainSpec::load("no-such-chain").is_err());
 }
 
@@ -62,12 +68,19 @@ fn mainnet_genesis_hash_and_root_match_the_known_values() {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../build-artifacts").into())
         .join("mainnet-alloc.json");
-    assert!(alloc.exists(), "{} missing: run scripts/setup.sh", alloc.display());
+    assert!(
+        alloc.exists(),
+        "{} missing: run scripts/setup.sh",
+        alloc.display()
+    );
     let spec = ChainSpec::mainnet_with_alloc_file(&alloc).unwrap();
     let root = overdrive_trie::reference::state_root(&MemState::from_alloc(&spec.genesis.alloc));
     assert_eq!(
         root,
         alloy_primitives::b256!("d7f8974fb5ac78d9ac099b9ad5018bedc2ce0a72dad1827a1709da30580f0544")
     );
-    assert_eq!(Some(spec.genesis_header(root).hash_slow()), spec.expected_genesis_hash);
+    assert_eq!(
+        Some(spec.genesis_header(root).hash_slow()),
+        spec.expected_genesis_hash
+    );
 }

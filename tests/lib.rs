@@ -6,9 +6,15 @@ use std::path::PathBuf;
 /// beside the repository. Panics with a clear message when missing, so a test can never pass
 /// by finding nothing.
 pub fn fixtures_dir() -> PathBuf {
-    let dir = std::env::var_os("OVERDRIVE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/ethereum-tests")
-    });
-    assert!(dir.is_dir(), "ethereum/tests fixtures not found at {}", dir.display());
+    let dir = std::env::var_os("OVERDRIVE_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/ethereum-tests")
+        });
+    assert!(
+        dir.is_dir(),
+        "ethereum/tests fixtures not found at {}",
+        dir.display()
+    );
     dir
 }

@@ -44,7 +44,11 @@ fn assert_supply_conserved(state: &MemState, token: Address, holders: &[Address]
     let account = &state.accounts[&token];
     let slot = |s: U256| account.storage.get(&s).copied().unwrap_or_default();
     let sum: U256 = holders.iter().map(|h| slot(erc20::balance_slot(*h))).sum();
-    assert_eq!(sum, slot(erc20::TOTAL_SUPPLY_SLOT), "token {token}: balances do not sum to supply");
+    assert_eq!(
+        sum,
+        slot(erc20::TOTAL_SUPPLY_SLOT),
+        "token {token}: balances do not sum to supply"
+    );
 }
 
 fn check(kind: WorkloadKind, seed: u64) {
@@ -52,14 +56,24 @@ fn check(kind: WorkloadKind, seed: u64) {
     let mut state = w.genesis.clone();
     for block in &w.blocks {
         let before = total_eth(&state);
-        let out = SequentialExecutor.execute(&w.chain_spec, block, &state).unwrap();
+        let out = SequentialExecutor
+            .execute(&w.chain_spec, block, &state)
+            .unwrap();
         assert_eq!(out.receipts.len(), block.transactions.len());
         for (i, r) in out.receipts.iter().enumerate() {
-            assert!(r.status(), "{kind} seed {seed}: tx {i} of block {} failed", block.number());
+            assert!(
+                r.status(),
+                "{kind} seed {seed}: tx {i} of block {} failed",
+                block.number()
+            );
         }
         state.apply_bundle(&out.bundle);
         let burnt = U256::from(out.gas_used) * U256::from(BASE_FEE);
-        assert_eq!(total_eth(&state) + burnt, before, "{kind}: ETH not conserved");
+        assert_eq!(
+            total_eth(&state) + burnt,
+            before,
+            "{kind}: ETH not conserved"
+        );
         for (token, holders) in tokens(&w) {
             assert_supply_conserved(&state, token, &holders);
         }
@@ -82,13 +96,25 @@ fn uniswap_swaps_move_reserves() {
     let w = small(WorkloadKind::Uniswap, 3);
     let mut state = w.genesis.clone();
     for block in &w.blocks {
-        let out = SequentialExecutor.execute(&w.chain_spec, block, &state).unwrap();
+        let out = SequentialExecutor
+            .execute(&w.chain_spec, block, &state)
+            .unwrap();
         state.apply_bundle(&out.bundle);
     }
     let pairs = &w.contracts.uniswap.as_ref().unwrap().pairs;
     let reserves = |s: &MemState, p: Address| {
-        s.accounts[&p].storage.get(&overdrive_workload::uniswap::RESERVES_SLOT).copied()
+        s.accounts[&p]
+            .storage
+            .get(&overdrive_workload::uniswap::RESERVES_SLOT)
+            .copied()
     };
-    let moved = pairs.iter().filter(|p| reserves(&state, p.address) != reserves(&w.genesis, p.address)).count();
-    assert!(moved > pairs.len() / 2, "only {moved} of {} pairs traded", pairs.len());
+    let moved = pairs
+        .iter()
+        .filter(|p| reserves(&state, p.address) != reserves(&w.genesis, p.address))
+        .count();
+    assert!(
+        moved > pairs.len() / 2,
+        "only {moved} of {} pairs traded",
+        pairs.len()
+    );
 }

@@ -7,7 +7,11 @@ mod commands;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "overdrive", version, about = "Drop-in performance components for reth")]
+#[command(
+    name = "overdrive",
+    version,
+    about = "Drop-in performance components for reth"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

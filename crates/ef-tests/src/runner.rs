@@ -2,16 +2,22 @@ use crate::fixture::{Fixture, FixtureAccount};
 use alloy_consensus::{Block, Header, TxEnvelope};
 use alloy_primitives::{B256, map::HashMap};
 use alloy_rlp::Decodable;
-use overdrive_consensus::{validate_body, validate_header, validate_post_execution, validate_state_root};
-use overdrive_executor::{BlockExecutor, BlockOutput, ExecutionError, SequentialExecutor};
+use overdrive_consensus::{
+    validate_body, validate_header, validate_post_execution, validate_state_root,
+};
+use overdrive_executor::{
+    BlockExecutor, BlockOutput, ExecutionError, ParallelConfig, ParallelExecutor,
+    SequentialExecutor,
+};
 use overdrive_primitives::{ChainSpec, EthereumHardfork, ForkCondition, MemState, RecoveredBlock};
-use rayon::prelude::*;
+use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
 use revm::bytecode::Bytecode;
 use std::{
     collections::BTreeMap,
     panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     sync::Arc,
+    sync::atomic::{AtomicUsize, Ordering},
 };
 
 /// Which executor imports the blocks.
@@ -20,13 +26,22 @@ pub enum ExecutorChoice {
     /// alloy-evm's `EthBlockExecutor`, the reference.
     #[default]
     Sequential,
+    /// overdrive's parallel executor with this many threads. The sequential fallback for small
+    /// blocks is switched off: fixture blocks are tiny, and the point is to test the parallel
+    /// path.
+    Parallel {
+        /// Threads, the committing thread included.
+        threads: usize,
+    },
 }
 
 /// Which trie computes state roots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StateRootChoice {
-    /// A full alloy-trie `HashBuilder` build of the whole state, the reference.
+    /// overdrive's trie, updated incrementally block by block (side chains fork a copy).
     #[default]
+    Overdrive,
+    /// A full alloy-trie `HashBuilder` build of the whole state, the reference.
     Reference,
 }
 
@@ -126,9 +141,12 @@ pub fn collect_files(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
 
 /// Runs every test in every fixture file under `paths`, files in parallel.
 pub fn run_paths(paths: &[PathBuf], options: RunOptions) -> std::io::Result<Summary> {
-    let files = collect_files(paths)?;
-    let results = files.par_iter().flat_map_iter(|f| run_file(f, options)).collect();
-    Ok(Summary { results })
+    Runner::new(options).run_paths(paths)
+}
+
+/// Runs every test of one fixture file. An unreadable file is one failed test.
+pub fn run_file(path: &Path, options: RunOptions) -> Vec<TestResult> {
+    Runner::new(options).run_file(path)
 }
 
 /// Fixture files skipped on purpose, with the reason printed for each test they hold.
@@ -152,58 +170,155 @@ const SKIPPED_FILES: &[(&str, &str)] = &[
 const EIP7610: &str = "EIP-7610 create collision with a storage-only account: impossible on \
     mainnet, not implemented by revm 42 (reth v2.5.1's EVM); reth's ef-tests skip it too";
 
-/// Runs every test of one fixture file. An unreadable file is one failed test.
-pub fn run_file(path: &Path, options: RunOptions) -> Vec<TestResult> {
-    let skip = path
-        .file_name()
-        .and_then(|n| SKIPPED_FILES.iter().find(|(f, _)| n == *f))
-        .map(|(_, why)| *why);
-    let failed = |why: String| {
-        vec![TestResult {
-            file: path.to_path_buf(),
-            name: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-            network: "?".into(),
-            outcome: Outcome::Failed(why),
-        }]
-    };
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) => return failed(format!("cannot read fixture: {e}")),
-    };
-    let tests: BTreeMap<String, serde_json::Value> = match serde_json::from_slice(&bytes) {
-        Ok(t) => t,
-        Err(e) => return failed(format!("malformed fixture file: {e}")),
-    };
-    tests
-        .into_iter()
-        .map(|(name, value)| {
-            let network = value.get("network").and_then(|n| n.as_str()).unwrap_or("?").to_string();
-            if let Some(why) = skip {
-                let outcome = Outcome::Skipped(why.to_string());
-                return TestResult { file: path.to_path_buf(), name, network, outcome };
+/// Stack of a test thread: deep EVM call chains in unoptimised test builds need more than
+/// the 2 MiB default.
+const TEST_THREAD_STACK: usize = 64 << 20;
+
+/// The executors of one run, built once and shared by every test.
+pub struct Runner {
+    options: RunOptions,
+    parallel: Option<ParallelExecutor>,
+}
+
+impl Runner {
+    /// Builds the executor pools the options ask for.
+    pub fn new(options: RunOptions) -> Self {
+        let parallel = match options.executor {
+            ExecutorChoice::Sequential => None,
+            ExecutorChoice::Parallel { threads } => Some(ParallelExecutor::new(ParallelConfig {
+                threads,
+                min_txs_for_parallel: 0,
+                ..ParallelConfig::default()
+            })),
+        };
+        Self { options, parallel }
+    }
+
+    /// Runs every test in every fixture file under `paths`, files in parallel.
+    ///
+    /// Files are spread over plain scoped threads rather than rayon's global pool: a rayon
+    /// worker that waits on another pool (the trie's, the parallel executor's) steals queued
+    /// work from its own pool meanwhile, which would nest one test inside another on the same
+    /// stack until it overflows.
+    pub fn run_paths(&self, paths: &[PathBuf]) -> std::io::Result<Summary> {
+        let files = collect_files(paths)?;
+        let next = AtomicUsize::new(0);
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut results: Vec<(usize, Vec<TestResult>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|i| {
+                    std::thread::Builder::new()
+                        .name(format!("ef-tests-{i}"))
+                        .stack_size(TEST_THREAD_STACK)
+                        .spawn_scoped(scope, || {
+                            let mut done = Vec::new();
+                            loop {
+                                let i = next.fetch_add(1, Ordering::Relaxed);
+                                let Some(file) = files.get(i) else { break done };
+                                done.push((i, self.run_file(file)));
+                            }
+                        })
+                })
+                .collect::<std::io::Result<_>>()?;
+            let mut all = Vec::new();
+            for handle in handles {
+                // run_file catches panics per test, so a worker only dies on a bug here.
+                all.extend(
+                    handle
+                        .join()
+                        .map_err(|_| std::io::Error::other("a test worker died"))?,
+                );
             }
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run_test(value, options)))
-                .unwrap_or_else(|panic| {
-                    let msg = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    Outcome::Failed(format!("panicked: {msg}"))
-                });
-            TestResult { file: path.to_path_buf(), name, network, outcome }
+            Ok::<_, std::io::Error>(all)
+        })?;
+        results.sort_by_key(|(i, _)| *i);
+        Ok(Summary {
+            results: results.into_iter().flat_map(|(_, r)| r).collect(),
         })
-        .collect()
+    }
+
+    /// Runs every test of one fixture file. An unreadable file is one failed test.
+    pub fn run_file(&self, path: &Path) -> Vec<TestResult> {
+        let skip = path
+            .file_name()
+            .and_then(|n| SKIPPED_FILES.iter().find(|(f, _)| n == *f))
+            .map(|(_, why)| *why);
+        let failed = |why: String| {
+            vec![TestResult {
+                file: path.to_path_buf(),
+                name: path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                network: "?".into(),
+                outcome: Outcome::Failed(why),
+            }]
+        };
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => return failed(format!("cannot read fixture: {e}")),
+        };
+        let tests: BTreeMap<String, serde_json::Value> = match serde_json::from_slice(&bytes) {
+            Ok(t) => t,
+            Err(e) => return failed(format!("malformed fixture file: {e}")),
+        };
+        tests
+            .into_iter()
+            .map(|(name, value)| {
+                let network = value
+                    .get("network")
+                    .and_then(|n| n.as_str())
+                    .unwrap_or("?")
+                    .to_string();
+                if let Some(why) = skip {
+                    let outcome = Outcome::Skipped(why.to_string());
+                    return TestResult {
+                        file: path.to_path_buf(),
+                        name,
+                        network,
+                        outcome,
+                    };
+                }
+                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_test(value)))
+                    .unwrap_or_else(|panic| {
+                        let msg = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        Outcome::Failed(format!("panicked: {msg}"))
+                    });
+                TestResult {
+                    file: path.to_path_buf(),
+                    name,
+                    network,
+                    outcome,
+                }
+            })
+            .collect()
+    }
 }
 
 /// The fork schedule a fixture network names (chain id 1, as the fixtures sign for it).
 fn network_spec(network: &str) -> Option<ChainSpec> {
     use EthereumHardfork::*;
     let by_block = [
-        Frontier, Homestead, Tangerine, SpuriousDragon, Byzantium, Constantinople, Petersburg,
-        Istanbul, Berlin, London, Paris,
+        Frontier,
+        Homestead,
+        Tangerine,
+        SpuriousDragon,
+        Byzantium,
+        Constantinople,
+        Petersburg,
+        Istanbul,
+        Berlin,
+        London,
+        Paris,
     ];
-    let mut forks: Vec<_> = by_block.iter().map(|f| (*f, ForkCondition::Block(0))).collect();
+    let mut forks: Vec<_> = by_block
+        .iter()
+        .map(|f| (*f, ForkCondition::Block(0)))
+        .collect();
     let at = |t| ForkCondition::Timestamp(t);
     match network {
         "Paris" | "Merge" => {}
@@ -228,126 +343,196 @@ fn to_mem_state(accounts: &BTreeMap<alloy_primitives::Address, FixtureAccount>) 
     let mut state = MemState::default();
     for (address, a) in accounts {
         let code = (!a.code.is_empty()).then(|| Bytecode::new_raw(a.code.clone()));
-        let storage = a.storage.iter().filter(|(_, v)| !v.is_zero()).map(|(k, v)| (*k, *v)).collect();
+        let storage = a
+            .storage
+            .iter()
+            .filter(|(_, v)| !v.is_zero())
+            .map(|(k, v)| (*k, *v))
+            .collect();
         state.insert_account(*address, a.balance, a.nonce.to::<u64>(), code, storage);
     }
     state
 }
 
-/// A block the runner has imported, with the state after it.
+/// A block the runner has imported, with the state (and trie) after it.
 struct Imported {
     header: Header,
     state: Arc<MemState>,
+    /// The trie after this block when roots come from overdrive's trie.
+    trie: Option<StateTrie>,
 }
 
-fn run_test(value: serde_json::Value, options: RunOptions) -> Outcome {
-    let fixture: Fixture = match serde_json::from_value(value) {
-        Ok(f) => f,
-        Err(e) => return Outcome::Failed(format!("malformed fixture: {e}")),
-    };
-    let Some(spec) = network_spec(&fixture.network) else {
-        return Outcome::Skipped(format!("network {} is not supported", fixture.network));
-    };
-    if fixture.seal_engine.as_deref().is_some_and(|s| s != "NoProof") {
-        return Outcome::Skipped(format!(
-            "seal engine {:?} (proof-of-work sealing) is not supported",
-            fixture.seal_engine
-        ));
-    }
-    let genesis = match Block::<TxEnvelope>::decode(&mut fixture.genesis_rlp.as_ref()) {
-        Ok(b) => b.header,
-        Err(e) => return Outcome::Failed(format!("genesis RLP does not decode: {e}")),
-    };
-    let mut genesis_state = to_mem_state(&fixture.pre);
-    let root = state_root(&genesis_state, options);
-    if root != genesis.state_root {
-        return Outcome::Failed(format!(
-            "genesis state root {root} differs from the fixture's {}",
-            genesis.state_root
-        ));
-    }
-    let genesis_hash = genesis.hash_slow();
-    genesis_state.block_hashes.insert(genesis.number, genesis_hash);
-    let mut chain: HashMap<B256, Imported> = HashMap::default();
-    chain.insert(genesis_hash, Imported { header: genesis, state: Arc::new(genesis_state) });
-    let mut head = genesis_hash;
+impl Runner {
+    fn run_test(&self, value: serde_json::Value) -> Outcome {
+        let fixture: Fixture = match serde_json::from_value(value) {
+            Ok(f) => f,
+            Err(e) => return Outcome::Failed(format!("malformed fixture: {e}")),
+        };
+        let Some(spec) = network_spec(&fixture.network) else {
+            return Outcome::Skipped(format!("network {} is not supported", fixture.network));
+        };
+        if fixture
+            .seal_engine
+            .as_deref()
+            .is_some_and(|s| s != "NoProof")
+        {
+            return Outcome::Skipped(format!(
+                "seal engine {:?} (proof-of-work sealing) is not supported",
+                fixture.seal_engine
+            ));
+        }
+        let genesis = match Block::<TxEnvelope>::decode(&mut fixture.genesis_rlp.as_ref()) {
+            Ok(b) => b.header,
+            Err(e) => return Outcome::Failed(format!("genesis RLP does not decode: {e}")),
+        };
+        let mut genesis_state = to_mem_state(&fixture.pre);
+        let (root, trie) = match self.genesis_root(&genesis_state) {
+            Ok(r) => r,
+            Err(e) => return Outcome::Failed(format!("genesis trie: {e}")),
+        };
+        if root != genesis.state_root {
+            return Outcome::Failed(format!(
+                "genesis state root {root} differs from the fixture's {}",
+                genesis.state_root
+            ));
+        }
+        let genesis_hash = genesis.hash_slow();
+        genesis_state
+            .block_hashes
+            .insert(genesis.number, genesis_hash);
+        let mut chain: HashMap<B256, Imported> = HashMap::default();
+        let genesis = Imported {
+            header: genesis,
+            state: Arc::new(genesis_state),
+            trie,
+        };
+        chain.insert(genesis_hash, genesis);
+        let mut head = genesis_hash;
 
-    for (i, block) in fixture.blocks.iter().enumerate() {
-        match (import_block(&spec, &chain, &block.rlp, options), &block.expect_exception) {
-            (Ok((hash, imported)), None) => {
-                chain.insert(hash, imported);
-                head = hash;
+        for (i, block) in fixture.blocks.iter().enumerate() {
+            match (
+                self.import_block(&spec, &chain, &block.rlp),
+                &block.expect_exception,
+            ) {
+                (Ok((hash, imported)), None) => {
+                    chain.insert(hash, imported);
+                    head = hash;
+                }
+                (Ok(_), Some(expected)) => {
+                    return Outcome::Failed(format!(
+                        "block {i} was imported but must be rejected ({expected})"
+                    ));
+                }
+                (Err(why), None) => return Outcome::Failed(format!("block {i} rejected: {why}")),
+                (Err(_), Some(_)) => {}
             }
-            (Ok(_), Some(expected)) => {
+        }
+
+        if head != fixture.lastblockhash {
+            return Outcome::Failed(format!(
+                "head is {head}, fixture expects {}",
+                fixture.lastblockhash
+            ));
+        }
+        let head = &chain[&head];
+        if let Some(expected) = &fixture.post_state {
+            if let Some(diff) = state_diff(&head.state, &to_mem_state(expected)) {
+                return Outcome::Failed(format!("post-state differs: {diff}"));
+            }
+        }
+        if let Some(expected) = fixture.post_state_hash {
+            let root = head.header.state_root;
+            if root != expected {
                 return Outcome::Failed(format!(
-                    "block {i} was imported but must be rejected ({expected})"
+                    "post-state root {root}, fixture expects {expected}"
                 ));
             }
-            (Err(why), None) => return Outcome::Failed(format!("block {i} rejected: {why}")),
-            (Err(_), Some(_)) => {}
+        }
+        Outcome::Passed
+    }
+
+    /// The genesis state's root, and the trie that holds it when overdrive's trie is used.
+    fn genesis_root(&self, state: &MemState) -> Result<(B256, Option<StateTrie>), String> {
+        match self.options.state_root {
+            StateRootChoice::Reference => Ok((overdrive_trie::reference::state_root(state), None)),
+            StateRootChoice::Overdrive => {
+                // One single-thread pool per test: tests already run in parallel across files,
+                // and a pool shared between tests would let one test's trie job steal another's
+                // while it waits in a join, nesting them on one stack.
+                let mut trie = StateTrie::new(MemNodeStore::default(), TrieConfig::with_threads(1))
+                    .map_err(|e| e.to_string())?;
+                let out = trie
+                    .apply(&HashedPostState::from_state(state))
+                    .map_err(|e| e.to_string())?;
+                Ok((out.root, Some(trie)))
+            }
         }
     }
 
-    if head != fixture.lastblockhash {
-        return Outcome::Failed(format!("head is {head}, fixture expects {}", fixture.lastblockhash));
-    }
-    let state = &chain[&head].state;
-    if let Some(expected) = &fixture.post_state {
-        if let Some(diff) = state_diff(state, &to_mem_state(expected)) {
-            return Outcome::Failed(format!("post-state differs: {diff}"));
-        }
-    }
-    if let Some(expected) = fixture.post_state_hash {
-        let root = state_root(state, options);
-        if root != expected {
-            return Outcome::Failed(format!("post-state root {root}, fixture expects {expected}"));
-        }
-    }
-    Outcome::Passed
-}
-
-fn import_block(
-    spec: &ChainSpec,
-    chain: &HashMap<B256, Imported>,
-    rlp: &[u8],
-    options: RunOptions,
-) -> Result<(B256, Imported), String> {
-    let block = RecoveredBlock::decode(rlp).map_err(|e| e.to_string())?;
-    let parent = chain
-        .get(&block.header.parent_hash)
-        .ok_or_else(|| format!("unknown parent {}", block.header.parent_hash))?;
-    validate_header(spec, &block.header, &parent.header).map_err(|e| e.to_string())?;
-    validate_body(spec, &block).map_err(|e| e.to_string())?;
-    let output = execute(options.executor, spec, &block, &parent.state).map_err(|e| e.to_string())?;
-    validate_post_execution(spec, &block.header, &output.receipts, output.gas_used, &output.requests)
+    fn import_block(
+        &self,
+        spec: &ChainSpec,
+        chain: &HashMap<B256, Imported>,
+        rlp: &[u8],
+    ) -> Result<(B256, Imported), String> {
+        let block = RecoveredBlock::decode(rlp).map_err(|e| e.to_string())?;
+        let parent = chain
+            .get(&block.header.parent_hash)
+            .ok_or_else(|| format!("unknown parent {}", block.header.parent_hash))?;
+        validate_header(spec, &block.header, &parent.header).map_err(|e| e.to_string())?;
+        validate_body(spec, &block).map_err(|e| e.to_string())?;
+        let output = self
+            .execute(spec, &block, &parent.state)
+            .map_err(|e| e.to_string())?;
+        validate_post_execution(
+            spec,
+            &block.header,
+            &output.receipts,
+            output.gas_used,
+            &output.requests,
+        )
         .map_err(|e| e.to_string())?;
-    let mut state = MemState::clone(&parent.state);
-    state.apply_bundle(&output.bundle);
-    validate_state_root(&block.header, state_root(&state, options)).map_err(|e| e.to_string())?;
-    state.block_hashes.insert(block.header.number, block.hash);
-    Ok((block.hash, Imported { header: block.header, state: Arc::new(state) }))
-}
-
-fn execute(
-    choice: ExecutorChoice,
-    spec: &ChainSpec,
-    block: &RecoveredBlock,
-    state: &MemState,
-) -> Result<BlockOutput, ExecutionError> {
-    match choice {
-        ExecutorChoice::Sequential => SequentialExecutor.execute(spec, block, state),
+        let mut state = MemState::clone(&parent.state);
+        state.apply_bundle(&output.bundle);
+        let (root, trie) = match &parent.trie {
+            None => (overdrive_trie::reference::state_root(&state), None),
+            Some(parent_trie) => {
+                let mut trie = parent_trie.clone();
+                let diff = HashedPostState::from_bundle(&output.bundle);
+                let out = trie.apply(&diff).map_err(|e| e.to_string())?;
+                (out.root, Some(trie))
+            }
+        };
+        validate_state_root(&block.header, root).map_err(|e| e.to_string())?;
+        state.block_hashes.insert(block.header.number, block.hash);
+        let imported = Imported {
+            header: block.header,
+            state: Arc::new(state),
+            trie,
+        };
+        Ok((block.hash, imported))
     }
-}
 
-fn state_root(state: &MemState, options: RunOptions) -> B256 {
-    match options.state_root {
-        StateRootChoice::Reference => overdrive_trie::reference::state_root(state),
+    fn execute(
+        &self,
+        spec: &ChainSpec,
+        block: &RecoveredBlock,
+        state: &MemState,
+    ) -> Result<BlockOutput, ExecutionError> {
+        match &self.parallel {
+            None => SequentialExecutor.execute(spec, block, state),
+            Some(parallel) => parallel.execute(spec, block, state),
+        }
     }
 }
 
 /// The first difference between two states, if any.
 fn state_diff(got: &MemState, expected: &MemState) -> Option<String> {
-    let mut addresses: Vec<_> = got.accounts.keys().chain(expected.accounts.keys()).collect();
+    let mut addresses: Vec<_> = got
+        .accounts
+        .keys()
+        .chain(expected.accounts.keys())
+        .collect();
     addresses.sort();
     addresses.dedup();
     for address in addresses {
@@ -356,10 +541,16 @@ fn state_diff(got: &MemState, expected: &MemState) -> Option<String> {
             (Some(_), None) => return Some(format!("account {address} should not exist")),
             (Some(g), Some(e)) => {
                 if g.info.balance != e.info.balance {
-                    return Some(format!("{address} balance {} != {}", g.info.balance, e.info.balance));
+                    return Some(format!(
+                        "{address} balance {} != {}",
+                        g.info.balance, e.info.balance
+                    ));
                 }
                 if g.info.nonce != e.info.nonce {
-                    return Some(format!("{address} nonce {} != {}", g.info.nonce, e.info.nonce));
+                    return Some(format!(
+                        "{address} nonce {} != {}",
+                        g.info.nonce, e.info.nonce
+                    ));
                 }
                 if g.info.code_hash != e.info.code_hash {
                     return Some(format!("{address} code differs"));

@@ -43,9 +43,10 @@ impl From<BlockExecutionError> for ExecutionError {
     fn from(err: BlockExecutionError) -> Self {
         match err {
             BlockExecutionError::Validation(v) => match v {
-                BlockValidationError::InvalidTx { hash, error } => {
-                    Self::InvalidTransaction { hash, reason: error.to_string() }
-                }
+                BlockValidationError::InvalidTx { hash, error } => Self::InvalidTransaction {
+                    hash,
+                    reason: error.to_string(),
+                },
                 BlockValidationError::TransactionGasLimitMoreThanAvailableBlockGas {
                     transaction_gas_limit,
                     block_available_gas,
@@ -55,7 +56,9 @@ impl From<BlockExecutionError> for ExecutionError {
                 },
                 BlockValidationError::EVM { error, .. } => Self::Database(error.to_string()),
                 other @ (BlockValidationError::MissingParentBeaconBlockRoot
-                | BlockValidationError::CancunGenesisParentBeaconBlockRootNotZero { .. }
+                | BlockValidationError::CancunGenesisParentBeaconBlockRootNotZero {
+                    ..
+                }
                 | BlockValidationError::BeaconRootContractCall { .. }
                 | BlockValidationError::BlockHashContractCall { .. }
                 | BlockValidationError::WithdrawalRequestsContractCall { .. }

@@ -7,9 +7,11 @@
 //! faster executor must equal bit for bit.
 
 mod error;
+mod parallel;
 mod sequential;
 mod traits;
 
 pub use error::ExecutionError;
+pub use parallel::{CommitStats, DEFAULT_MIN_TXS_FOR_PARALLEL, ParallelConfig, ParallelExecutor};
 pub use sequential::{SequentialExecutor, evm_env, execution_ctx};
 pub use traits::{BlockExecutor, BlockOutput, StateReader};

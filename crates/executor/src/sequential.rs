@@ -2,7 +2,9 @@ use crate::{BlockExecutor, BlockOutput, ExecutionError, StateReader};
 use alloy_evm::{
     EvmEnv, EvmFactory,
     block::BlockExecutor as _,
-    eth::{EthBlockExecutionCtx, EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder},
+    eth::{
+        EthBlockExecutionCtx, EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder,
+    },
 };
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
 use revm::database::{State, states::bundle_state::BundleRetention};
@@ -49,10 +51,17 @@ impl BlockExecutor for SequentialExecutor {
         block: &RecoveredBlock,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
-        let mut db = State::builder().with_database_ref(state).with_bundle_update().build();
+        let mut db = State::builder()
+            .with_database_ref(state)
+            .with_bundle_update()
+            .build();
         let evm = EthEvmFactory::default().create_evm(&mut db, evm_env(spec, block));
-        let executor =
-            EthBlockExecutor::new(evm, execution_ctx(block), spec, AlloyReceiptBuilder::default());
+        let executor = EthBlockExecutor::new(
+            evm,
+            execution_ctx(block),
+            spec,
+            AlloyReceiptBuilder::default(),
+        );
         let result = executor.execute_block(block.transactions.iter())?;
         db.merge_transitions(BundleRetention::Reverts);
         Ok(BlockOutput {

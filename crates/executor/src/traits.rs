@@ -22,7 +22,9 @@ pub struct BlockOutput {
 
 /// A pre-state reader an executor can share across threads.
 pub trait StateReader:
-    DatabaseRef<Error: DBErrorMarker + std::error::Error + Send + Sync + 'static> + Sync + std::fmt::Debug
+    DatabaseRef<Error: DBErrorMarker + std::error::Error + Send + Sync + 'static>
+    + Sync
+    + std::fmt::Debug
 {
 }
 

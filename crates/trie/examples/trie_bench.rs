@@ -36,3 +36,8 @@ fn fail(message: &str) -> ! {
     eprintln!("trie_bench: {message}");
     std::process::exit(2);
 }
+
+// reth runs on jemalloc; with glibc's malloc every allocation-heavy root (the baselines
+// included) measures the allocator as much as the trie.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -58,9 +58,7 @@ impl Out {
     /// An output sized for about `updates` leaf updates: each touches a leaf and shares the
     /// branches above it with its neighbours, about two written nodes per update in all.
     pub(crate) fn for_updates(updates: usize) -> Self {
-        let mut out = Self::default();
-        out.nodes.writes.reserve(updates * 2 + 8);
-        out
+        Self { nodes: NodeUpdates::with_capacity(updates * 2 + 8), ..Self::default() }
     }
 
     pub(crate) fn merge(&mut self, mut other: Self) {
@@ -70,15 +68,24 @@ impl Out {
 
     /// Encodes `node`, queues it for writing at `path`, and returns its reference.
     fn commit(&mut self, path: Nibbles, node: Node) -> RlpNode {
-        self.rlp.clear();
-        node.encode(&mut self.rlp);
-        let reference = rlp_node_counted(&self.rlp, &mut self.keccak_calls);
-        self.nodes.writes.push((path, node));
+        let reference = self.encode(&node);
+        self.nodes.push_write(path, node);
         reference
     }
 
+    /// The reference of `node`: its RLP, or the hash of it.
+    fn encode(&mut self, node: &Node) -> RlpNode {
+        self.rlp.clear();
+        node.encode(&mut self.rlp);
+        rlp_node_counted(&self.rlp, &mut self.keccak_calls)
+    }
+
+    fn write(&mut self, path: Nibbles, node: Node) {
+        self.nodes.push_write(path, node);
+    }
+
     fn delete(&mut self, path: Nibbles) {
-        self.nodes.deletes.push(path);
+        self.nodes.push_delete(path);
     }
 }
 
@@ -117,8 +124,9 @@ enum Sub {
     Unchanged,
     /// No node is left.
     Empty,
-    /// A branch, already committed at the subtree's path.
-    Branch(RlpNode),
+    /// A branch with its reference, hashed but not yet written: the parent writes it, next to
+    /// its siblings.
+    Branch(RlpNode, Node),
     /// An extension or leaf for the parent to place.
     Short(Short),
 }
@@ -150,7 +158,10 @@ pub(crate) fn update_trie<'s, S: NodeStore, O: LeafOp>(
             }
             RootChange::Changed(EMPTY_ROOT_HASH)
         }
-        Sub::Branch(reference) => RootChange::Changed(root_hash_of(&reference, &mut out.keccak_calls)),
+        Sub::Branch(reference, node) => {
+            out.write(root, node);
+            RootChange::Changed(root_hash_of(&reference, &mut out.keccak_calls))
+        }
         Sub::Short(short) => {
             let reference = out.commit(root, short.into_node());
             RootChange::Changed(root_hash_of(&reference, &mut out.keccak_calls))
@@ -292,7 +303,10 @@ fn update_extension<'s, S: NodeStore, O: LeafOp>(
                 out.delete(full);
                 Sub::Empty
             }
-            Sub::Branch(reference) => Sub::Short(Short::Extension(key, reference)),
+            Sub::Branch(reference, node) => {
+                out.write(full, node);
+                Sub::Short(Short::Extension(key, reference))
+            }
             Sub::Short(short) => {
                 out.delete(full);
                 Sub::Short(short.prepend(&key))
@@ -330,7 +344,10 @@ fn update_extension<'s, S: NodeStore, O: LeafOp>(
     Ok(match sub {
         Sub::Unchanged => Sub::Unchanged,
         Sub::Empty => Sub::Empty,
-        Sub::Branch(reference) => Sub::Short(Short::Extension(prefix, reference)),
+        Sub::Branch(reference, node) => {
+            out.write(at, node);
+            Sub::Short(Short::Extension(prefix, reference))
+        }
         Sub::Short(short) => Sub::Short(short.prepend(&prefix)),
     })
 }
@@ -477,8 +494,6 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
                 Ok((nibble, sub, local))
             })
             .collect();
-        let written: usize = outputs.iter().flatten().map(|(_, _, local)| local.nodes.writes.len()).sum();
-        out.nodes.writes.reserve(written + 1);
         for output in outputs {
             let (nibble, sub, local) = output?;
             out.merge(local);
@@ -489,10 +504,15 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
         let mut existing: [Option<Cow<'s, Node>>; 16] = std::array::from_fn(|_| None);
         for &(nibble, _, _) in groups.as_slice() {
             let child = branch.existing_child(ctx, &child_path(&path, nibble), nibble)?;
-            if let Some(Node::Branch { children, .. }) = child.as_deref() {
-                prefetch(children.as_ptr().cast());
+            if let Some(node) = child.as_deref() {
+                prefetch((node as *const Node).cast());
             }
             existing[usize::from(nibble)] = child;
+        }
+        for &(nibble, _, _) in groups.as_slice() {
+            if let Some(Node::Branch { children, .. }) = existing[usize::from(nibble)].as_deref() {
+                prefetch(children.as_ptr().cast());
+            }
         }
         for &(nibble, start, end) in groups.as_slice() {
             let child = existing[usize::from(nibble)].take();
@@ -519,7 +539,7 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
                     }
                 }
             }
-            Some(Sub::Branch(_) | Sub::Short(_)) => {
+            Some(Sub::Branch(..) | Sub::Short(_)) => {
                 changed = true;
                 state_mask.set_bit(nibble);
             }
@@ -540,7 +560,10 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
         for (i, nibble) in state_mask.iter().enumerate() {
             let child = child_path(&path, nibble);
             children[i] = match results[usize::from(nibble)].take() {
-                Some(Sub::Branch(reference)) => reference,
+                Some(Sub::Branch(reference, node)) => {
+                    out.write(child, node);
+                    reference
+                }
                 Some(Sub::Short(short)) => out.commit(child, short.into_node()),
                 _ => match unchanged_child(nibble) {
                     Some(reference) => reference.clone(),
@@ -553,7 +576,7 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
             };
         }
         let node = Node::Branch { state_mask, children: Arc::from(&children[..count as usize]), value };
-        return Ok(Sub::Branch(out.commit(path, node)));
+        return Ok(Sub::Branch(out.encode(&node), node));
     }
 
     if count == 1 {
@@ -564,7 +587,10 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
         let child = child_path(&path, nibble);
         let stored = branch.state_mask.is_bit_set(nibble);
         return Ok(match results[usize::from(nibble)].take() {
-            Some(Sub::Branch(reference)) => Sub::Short(Short::Extension(single_nibble(nibble), reference)),
+            Some(Sub::Branch(reference, node)) => {
+                out.write(child, node);
+                Sub::Short(Short::Extension(single_nibble(nibble), reference))
+            }
             Some(Sub::Short(short)) => {
                 if stored {
                     out.delete(child);
@@ -649,66 +675,79 @@ fn build_fresh<S: NodeStore>(
         [(first, _), .., (last, _)] => {
             let shared = first.common_prefix_length(last);
             if shared > depth {
-                let reference = build_branch(ctx, first.slice(..shared), entries, out)?;
+                let at = first.slice(..shared);
+                let (reference, node) = build_branch(ctx, at, entries, out)?;
+                out.write(at, node);
                 Ok(Sub::Short(Short::Extension(first.slice(depth..shared), reference)))
             } else {
-                Ok(Sub::Branch(build_branch(ctx, path, entries, out)?))
+                let (reference, node) = build_branch(ctx, path, entries, out)?;
+                Ok(Sub::Branch(reference, node))
             }
         }
     }
 }
 
-/// Builds and commits the branch at `path` over at least two entries that diverge at `path`
-/// (or one of which ends there).
+/// Builds the branch at `path` over at least two entries that diverge at `path` (or one of
+/// which ends there): writes its subtree, and returns the branch hashed but not written.
 fn build_branch<S: NodeStore>(
     ctx: &Ctx<'_, S>,
     path: Nibbles,
     entries: &[(Nibbles, Value)],
     out: &mut Out,
-) -> Result<RlpNode, TrieError> {
+) -> Result<(RlpNode, Node), TrieError> {
     let depth = path.len();
     let (value, rest) = match entries.split_first() {
         Some(((key, value), rest)) if key.len() == depth => (Some(value.clone()), rest),
         _ => (None, entries),
     };
     let groups = nibble_groups(rest, depth);
-    let build_child = |nibble: u8, start: usize, end: usize, out: &mut Out| -> Result<RlpNode, TrieError> {
-        let child = child_path(&path, nibble);
-        Ok(match build_fresh(ctx, child, &rest[start..end], out)? {
-            Sub::Branch(reference) => reference,
-            Sub::Short(short) => out.commit(child, short.into_node()),
+    // The child's reference and its node, not yet written.
+    let build_child = |nibble: u8, start: usize, end: usize, out: &mut Out| -> Result<(RlpNode, Node), TrieError> {
+        match build_fresh(ctx, child_path(&path, nibble), &rest[start..end], out)? {
+            Sub::Branch(reference, node) => Ok((reference, node)),
+            Sub::Short(short) => {
+                let node = short.into_node();
+                Ok((out.encode(&node), node))
+            }
             // A run is never empty, so neither is its subtree.
-            Sub::Empty | Sub::Unchanged => return Err(TrieError::Invariant("empty subtree from a non-empty run")),
-        })
+            Sub::Empty | Sub::Unchanged => Err(TrieError::Invariant("empty subtree from a non-empty run")),
+        }
     };
 
     let mut state_mask = TrieMask::default();
     let mut children: [RlpNode; 16] = std::array::from_fn(|_| RlpNode::default());
+    let mut pending: [Option<Node>; 16] = std::array::from_fn(|_| None);
     if rest.len() >= ctx.split_at && groups.len > 1 {
-        let results: Vec<Result<(u8, RlpNode, Out), TrieError>> = groups
+        let results: Vec<Result<(RlpNode, Node, Out), TrieError>> = groups
             .as_slice()
             .par_iter()
             .with_max_len(1)
             .map(|&(nibble, start, end)| {
                 let mut local = Out::for_updates(end - start);
-                let reference = build_child(nibble, start, end, &mut local)?;
-                Ok((nibble, reference, local))
+                let (reference, node) = build_child(nibble, start, end, &mut local)?;
+                Ok((reference, node, local))
             })
             .collect();
-        let written: usize = results.iter().flatten().map(|(_, _, local)| local.nodes.writes.len()).sum();
-        out.nodes.writes.reserve(written + 1);
         for (i, result) in results.into_iter().enumerate() {
-            let (nibble, reference, local) = result?;
+            let (reference, node, local) = result?;
             out.merge(local);
-            state_mask.set_bit(nibble);
             children[i] = reference;
+            pending[i] = Some(node);
         }
     } else {
         for (i, &(nibble, start, end)) in groups.as_slice().iter().enumerate() {
-            children[i] = build_child(nibble, start, end, out)?;
-            state_mask.set_bit(nibble);
+            let (reference, node) = build_child(nibble, start, end, out)?;
+            children[i] = reference;
+            pending[i] = Some(node);
+        }
+    }
+    // The children are written together, after their subtrees.
+    for (i, &(nibble, _, _)) in groups.as_slice().iter().enumerate() {
+        state_mask.set_bit(nibble);
+        if let Some(node) = pending[i].take() {
+            out.write(child_path(&path, nibble), node);
         }
     }
     let node = Node::Branch { state_mask, children: Arc::from(&children[..groups.len]), value };
-    Ok(out.commit(path, node))
+    Ok((out.encode(&node), node))
 }

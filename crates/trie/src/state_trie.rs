@@ -440,9 +440,9 @@ mod tests {
     }
 
     fn assert_disjoint(nodes: &NodeUpdates) {
-        let written: BTreeSet<Nibbles> = nodes.writes.iter().map(|(p, _)| *p).collect();
-        assert_eq!(written.len(), nodes.writes.len(), "a path written twice");
-        assert!(nodes.deletes.iter().all(|p| !written.contains(p)), "a path both written and deleted");
+        let written: BTreeSet<Nibbles> = nodes.writes().map(|(p, _)| *p).collect();
+        assert_eq!(written.len(), nodes.write_count(), "a path written twice");
+        assert!(nodes.deletes().iter().all(|p| !written.contains(p)), "a path both written and deleted");
     }
 
     fn check_output(output: &StateRootOutput) {

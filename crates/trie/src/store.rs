@@ -1,13 +1,14 @@
 //! Where trie nodes live between blocks: the [`NodeStore`] trait, the batch of changes a block
 //! produces ([`TrieUpdates`]), and an in-memory store.
 
-use crate::node::Node;
+use crate::node::{Node, child_index};
 use alloy_primitives::{
     B256,
     map::{B256Map, HashMap},
 };
-use alloy_trie::Nibbles;
+use alloy_trie::{Nibbles, TrieMask};
 use rayon::prelude::*;
+use smallvec::SmallVec;
 use std::{borrow::Cow, collections::BTreeMap, convert::Infallible, sync::Arc};
 
 /// Which trie of the state a node belongs to. Every storage trie has its own path namespace,
@@ -38,22 +39,62 @@ pub trait NodeStore: Send + Sync {
 }
 
 /// Node writes and deletes of one trie.
+///
+/// Writes are kept in the chunks the workers produced, so that joining the output of parallel
+/// subtrees moves vectors instead of copying nodes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeUpdates {
-    /// Nodes to store (insert or overwrite) by path.
-    pub writes: Vec<(Nibbles, Node)>,
-    /// Paths whose nodes no longer exist.
-    pub deletes: Vec<Nibbles>,
+    writes: Vec<Vec<(Nibbles, Node)>>,
+    write_count: usize,
+    deletes: Vec<Nibbles>,
 }
 
 impl NodeUpdates {
     /// Whether there is nothing to write or delete.
     pub fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.deletes.is_empty()
+        self.write_count == 0 && self.deletes.is_empty()
     }
 
+    /// Nodes to store (insert or overwrite), with their paths.
+    pub fn writes(&self) -> impl Iterator<Item = &(Nibbles, Node)> + '_ {
+        self.writes.iter().flatten()
+    }
+
+    /// Number of node writes.
+    pub fn write_count(&self) -> usize {
+        self.write_count
+    }
+
+    /// Paths whose nodes no longer exist.
+    pub fn deletes(&self) -> &[Nibbles] {
+        &self.deletes
+    }
+
+    /// Adds a node write.
+    pub fn push_write(&mut self, path: Nibbles, node: Node) {
+        match self.writes.last_mut() {
+            Some(chunk) => chunk.push((path, node)),
+            None => self.writes.push(vec![(path, node)]),
+        }
+        self.write_count += 1;
+    }
+
+    /// Adds a delete.
+    pub fn push_delete(&mut self, path: Nibbles) {
+        self.deletes.push(path);
+    }
+
+    /// An empty batch with room for `writes` writes in its first chunk.
+    pub(crate) fn with_capacity(writes: usize) -> Self {
+        Self { writes: vec![Vec::with_capacity(writes)], write_count: 0, deletes: Vec::new() }
+    }
+
+    /// Moves `other`'s writes and deletes to the end of this batch.
     pub(crate) fn append(&mut self, other: &mut Self) {
-        self.writes.append(&mut other.writes);
+        self.write_count += std::mem::take(&mut other.write_count);
+        self.writes.extend(other.writes.drain(..).filter(|chunk| !chunk.is_empty()));
+        // Later writes go to a fresh chunk so that the order of writes is kept.
+        self.writes.push(Vec::new());
         self.deletes.append(&mut other.deletes);
     }
 }
@@ -80,8 +121,8 @@ pub struct TrieUpdates {
 impl TrieUpdates {
     /// Number of node writes in all tries.
     pub fn writes(&self) -> usize {
-        self.account_nodes.writes.len()
-            + self.storage_tries.values().map(|s| s.nodes.writes.len()).sum::<usize>()
+        self.account_nodes.write_count()
+            + self.storage_tries.values().map(|s| s.nodes.write_count()).sum::<usize>()
     }
 
     /// Number of node deletes in all tries (wipes not counted).
@@ -97,99 +138,176 @@ impl TrieUpdates {
     }
 }
 
-type NodeMap = HashMap<Nibbles, Node>;
+/// The nodes hanging under one path: the children of a branch (or of any path), kept
+/// together so that a walk reading a branch's children finds them in one place. Most branches
+/// near the bottom of a large trie have two or three children, which then live in the map
+/// entry itself.
+#[derive(Clone, Debug, Default)]
+struct Group {
+    mask: TrieMask,
+    /// The nodes of the nibbles in `mask`, in nibble order.
+    nodes: SmallVec<[Node; 3]>,
+}
 
-/// The nodes of one trie: the root apart, the rest in sixteen maps by first nibble, each
+impl Group {
+    fn get(&self, nibble: u8) -> Option<&Node> {
+        if self.mask.is_bit_set(nibble) { self.nodes.get(child_index(self.mask, nibble)) } else { None }
+    }
+
+    fn set(&mut self, nibble: u8, node: Node) {
+        let at = child_index(self.mask, nibble);
+        if self.mask.is_bit_set(nibble) {
+            if let Some(slot) = self.nodes.get_mut(at) {
+                *slot = node;
+            }
+        } else {
+            self.nodes.insert(at.min(self.nodes.len()), node);
+            self.mask.set_bit(nibble);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn remove(&mut self, nibble: u8) {
+        if self.mask.is_bit_set(nibble) {
+            let at = child_index(self.mask, nibble);
+            if at < self.nodes.len() {
+                self.nodes.remove(at);
+            }
+            self.mask.unset_bit(nibble);
+        }
+    }
+}
+
+/// Groups by parent path (at least one nibble long).
+type GroupMap = HashMap<Nibbles, Group>;
+
+/// The nodes of one trie. The root and its children apart, each node sits in the group of its
+/// parent path (its path less the last nibble): a branch's children share one map entry, so
+/// reading them costs one lookup. The groups are split over sixteen maps by first nibble, each
 /// behind an `Arc` so that cloning the store is cheap and a clone copies only the shards it
 /// later writes to.
 #[derive(Clone, Debug, Default)]
 struct MemTrie {
     root: Option<Node>,
-    shards: [Arc<NodeMap>; 16],
+    top: Group,
+    shards: [Arc<GroupMap>; 16],
 }
 
 /// Batches below this size are applied on the calling thread.
 const PARALLEL_APPLY_MIN: usize = 2048;
 
+/// Where a path's node lives: the root, the top group, or a shard's group.
+enum Slot {
+    Root,
+    Top(u8),
+    Shard(usize, Nibbles, u8),
+}
+
+fn slot(path: &Nibbles) -> Slot {
+    match path.len() {
+        0 => Slot::Root,
+        1 => Slot::Top(path.get_unchecked(0)),
+        len => Slot::Shard(usize::from(path.get_unchecked(0)), path.slice(..len - 1), path.get_unchecked(len - 1)),
+    }
+}
+
 impl MemTrie {
     fn get(&self, path: &Nibbles) -> Option<&Node> {
-        match path.first() {
-            None => self.root.as_ref(),
-            Some(nibble) => self.shards[usize::from(nibble)].get(path),
+        match slot(path) {
+            Slot::Root => self.root.as_ref(),
+            Slot::Top(nibble) => self.top.get(nibble),
+            Slot::Shard(shard, parent, nibble) => self.shards[shard].get(&parent)?.get(nibble),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.root.is_none() && self.shards.iter().all(|s| s.is_empty())
+        self.root.is_none() && self.top.nodes.is_empty() && self.shards.iter().all(|s| s.is_empty())
     }
 
     fn len(&self) -> usize {
-        usize::from(self.root.is_some()) + self.shards.iter().map(|s| s.len()).sum::<usize>()
+        usize::from(self.root.is_some())
+            + self.top.nodes.len()
+            + self.shards.iter().flat_map(|s| s.values()).map(|g| g.nodes.len()).sum::<usize>()
     }
 
     fn apply(&mut self, updates: &NodeUpdates) {
-        // Group the batch by shard with one counting sort, then write the shards in parallel.
-        fn by_shard<T>(items: &[T], path: impl Fn(&T) -> &Nibbles) -> ([usize; 17], Vec<u32>) {
-            let mut starts = [0usize; 17];
-            for item in items {
-                if let Some(nibble) = path(item).first() {
-                    starts[usize::from(nibble) + 1] += 1;
-                }
-            }
-            for i in 1..17 {
-                starts[i] += starts[i - 1];
-            }
-            let mut next = starts;
-            let mut order = vec![0u32; starts[16]];
-            for (i, item) in items.iter().enumerate() {
-                if let Some(nibble) = path(item).first() {
-                    order[next[usize::from(nibble)]] = i as u32;
-                    next[usize::from(nibble)] += 1;
-                }
-            }
-            (starts, order)
+        // Order the batch by shard, then write the shards in parallel.
+        let mut deletes: [Vec<&Nibbles>; 16] = Default::default();
+        let mut writes: [Vec<&(Nibbles, Node)>; 16] = Default::default();
+        let per_shard = updates.write_count() / 12 + 1;
+        for list in &mut writes {
+            list.reserve(per_shard);
         }
-        for path in &updates.deletes {
-            if path.is_empty() {
-                self.root = None;
+        for path in updates.deletes() {
+            match path.len() {
+                0 => self.root = None,
+                1 => self.top.remove(path.get_unchecked(0)),
+                _ => deletes[usize::from(path.get_unchecked(0))].push(path),
             }
         }
-        for (path, node) in &updates.writes {
-            if path.is_empty() {
-                self.root = Some(node.clone());
+        for write in updates.writes() {
+            let path = &write.0;
+            match path.len() {
+                0 => self.root = Some(write.1.clone()),
+                1 => self.top.set(path.get_unchecked(0), write.1.clone()),
+                _ => writes[usize::from(path.get_unchecked(0))].push(write),
             }
         }
-        let (delete_starts, delete_order) = by_shard(&updates.deletes, |p| p);
-        let (write_starts, write_order) = by_shard(&updates.writes, |(p, _)| p);
-        let apply_shard = |(shard, map): (usize, &mut Arc<NodeMap>)| {
-            let deletes = &delete_order[delete_starts[shard]..delete_starts[shard + 1]];
-            let writes = &write_order[write_starts[shard]..write_starts[shard + 1]];
+        let apply_shard = |((map, deletes), writes): ((&mut Arc<GroupMap>, &mut Vec<&Nibbles>), &mut Vec<&(Nibbles, Node)>)| {
             if deletes.is_empty() && writes.is_empty() {
                 return;
             }
             let map = Arc::make_mut(map);
-            for &i in deletes {
-                map.remove(&updates.deletes[i as usize]);
+            for path in deletes.iter() {
+                let parent = path.slice(..path.len() - 1);
+                if let Some(group) = map.get_mut(&parent) {
+                    group.remove(path.get_unchecked(path.len() - 1));
+                    if group.is_empty() {
+                        map.remove(&parent);
+                    }
+                }
             }
-            for &i in writes {
-                let (path, node) = &updates.writes[i as usize];
-                map.insert(*path, node.clone());
+            // Siblings are written one after another: look their group up once.
+            let mut i = 0;
+            while let Some((path, _)) = writes.get(i) {
+                let last = path.len() - 1;
+                let group = map.entry(path.slice(..last)).or_default();
+                while let Some((sibling, node)) = writes.get(i) {
+                    if sibling.len() != path.len() || sibling.common_prefix_length(path) < last {
+                        break;
+                    }
+                    group.set(sibling.get_unchecked(last), node.clone());
+                    i += 1;
+                }
             }
         };
-        if updates.writes.len() + updates.deletes.len() >= PARALLEL_APPLY_MIN {
-            self.shards.par_iter_mut().enumerate().for_each(apply_shard);
+        if updates.write_count() + updates.deletes().len() >= PARALLEL_APPLY_MIN {
+            self.shards.par_iter_mut().zip(deletes.par_iter_mut()).zip(writes.par_iter_mut()).for_each(apply_shard);
         } else {
-            self.shards.iter_mut().enumerate().for_each(apply_shard);
+            self.shards.iter_mut().zip(deletes.iter_mut()).zip(writes.iter_mut()).for_each(apply_shard);
         }
     }
 
     fn nodes(&self) -> BTreeMap<Nibbles, Node> {
+        fn add(out: &mut BTreeMap<Nibbles, Node>, parent: &Nibbles, group: &Group) {
+            for (nibble, node) in group.mask.iter().zip(&group.nodes) {
+                let mut path = *parent;
+                path.push_unchecked(nibble);
+                out.insert(path, node.clone());
+            }
+        }
         let mut out = BTreeMap::new();
         if let Some(root) = &self.root {
             out.insert(Nibbles::new(), root.clone());
         }
+        add(&mut out, &Nibbles::new(), &self.top);
         for shard in &self.shards {
-            out.extend(shard.iter().map(|(p, n)| (*p, n.clone())));
+            for (parent, group) in shard.iter() {
+                add(&mut out, parent, group);
+            }
         }
         out
     }
@@ -249,20 +367,26 @@ impl NodeStore for MemNodeStore {
     }
 
     fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Infallible> {
-        self.accounts.apply(&updates.account_nodes);
-        for (owner, storage) in &updates.storage_tries {
-            if storage.wiped {
-                self.storages.remove(owner);
-            }
-            if storage.nodes.is_empty() {
-                continue;
-            }
-            let trie = Arc::make_mut(self.storages.entry(*owner).or_default());
-            trie.apply(&storage.nodes);
-            if trie.is_empty() {
-                self.storages.remove(owner);
-            }
-        }
+        let Self { accounts, storages } = self;
+        // The account trie and the storage tries are separate maps: write them side by side.
+        rayon::join(
+            || accounts.apply(&updates.account_nodes),
+            || {
+                for (owner, storage) in &updates.storage_tries {
+                    if storage.wiped {
+                        storages.remove(owner);
+                    }
+                    if storage.nodes.is_empty() {
+                        continue;
+                    }
+                    let trie = Arc::make_mut(storages.entry(*owner).or_default());
+                    trie.apply(&storage.nodes);
+                    if trie.is_empty() {
+                        storages.remove(owner);
+                    }
+                }
+            },
+        );
         Ok(())
     }
 }
@@ -280,14 +404,14 @@ mod tests {
         let mut a = MemNodeStore::new();
         let owner = B256::repeat_byte(7);
         let mut updates = TrieUpdates::default();
-        updates.account_nodes.writes.push((Nibbles::new(), leaf(1)));
-        updates.account_nodes.writes.push((Nibbles::from_nibbles([3, 4]), leaf(2)));
-        updates.storage_tries.entry(owner).or_default().nodes.writes.push((Nibbles::new(), leaf(3)));
+        updates.account_nodes.push_write(Nibbles::new(), leaf(1));
+        updates.account_nodes.push_write(Nibbles::from_nibbles([3, 4]), leaf(2));
+        updates.storage_tries.entry(owner).or_default().nodes.push_write(Nibbles::new(), leaf(3));
         a.apply(&updates).unwrap();
 
         let b = a.clone();
         let mut change = TrieUpdates::default();
-        change.account_nodes.deletes.push(Nibbles::from_nibbles([3, 4]));
+        change.account_nodes.push_delete(Nibbles::from_nibbles([3, 4]));
         change.storage_tries.entry(owner).or_default().wiped = true;
         a.apply(&change).unwrap();
 
@@ -305,12 +429,12 @@ mod tests {
         let mut s = MemNodeStore::new();
         let owner = B256::repeat_byte(1);
         let mut u = TrieUpdates::default();
-        u.storage_tries.entry(owner).or_default().nodes.writes.push((Nibbles::from_nibbles([5]), leaf(1)));
+        u.storage_tries.entry(owner).or_default().nodes.push_write(Nibbles::from_nibbles([5]), leaf(1));
         s.apply(&u).unwrap();
         let mut u = TrieUpdates::default();
         let st = u.storage_tries.entry(owner).or_default();
         st.wiped = true;
-        st.nodes.writes.push((Nibbles::from_nibbles([6]), leaf(2)));
+        st.nodes.push_write(Nibbles::from_nibbles([6]), leaf(2));
         s.apply(&u).unwrap();
         let nodes = s.nodes(TrieId::Storage(owner));
         assert_eq!(nodes.len(), 1);
@@ -323,13 +447,17 @@ mod tests {
         let mut u = TrieUpdates::default();
         for i in 0..5000u32 {
             let path = Nibbles::unpack(i.to_be_bytes());
-            u.account_nodes.writes.push((path, leaf(i as u8)));
+            u.account_nodes.push_write(path, leaf(i as u8));
         }
         s.apply(&u).unwrap();
         assert_eq!(s.len(), 5000);
         let mut d = TrieUpdates::default();
-        d.account_nodes.deletes = u.account_nodes.writes.iter().map(|(p, _)| *p).step_by(2).collect();
-        d.account_nodes.deletes.extend((0..2048u32).map(|i| Nibbles::unpack((i + 100_000).to_be_bytes())));
+        for path in u.account_nodes.writes().map(|(p, _)| *p).step_by(2) {
+            d.account_nodes.push_delete(path);
+        }
+        for i in 0..2048u32 {
+            d.account_nodes.push_delete(Nibbles::unpack((i + 100_000).to_be_bytes()));
+        }
         s.apply(&d).unwrap();
         assert_eq!(s.len(), 2500);
     }

@@ -103,7 +103,10 @@ fn timed<E: BlockExecutor>(
         let out = executor
             .execute(spec, block, state)
             .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))?;
-        timings.push(Timing { wall: wall0.elapsed(), cpu: process_cpu_time() - cpu0 });
+        timings.push(Timing {
+            wall: wall0.elapsed(),
+            cpu: process_cpu_time() - cpu0,
+        });
         output = Some(out);
     }
     timings.sort_by_key(|t| t.wall);
@@ -139,7 +142,11 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         seq.cpu += t.cpu;
         txs += block.transactions.len();
         gas += out.gas_used;
-        tracing::info!(block = block.number(), ms = t.wall.as_secs_f64() * 1e3, "executed");
+        tracing::info!(
+            block = block.number(),
+            ms = t.wall.as_secs_f64() * 1e3,
+            "executed"
+        );
         state.apply_bundle(&out.bundle);
     }
 

@@ -7,10 +7,14 @@ use std::{path::PathBuf, time::Instant};
 enum ExecutorArg {
     /// alloy-evm's EthBlockExecutor (the reference).
     Sequential,
+    /// overdrive's parallel executor (forced on every block, however small).
+    Parallel,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum StateRootArg {
+    /// overdrive's incremental parallel trie.
+    Overdrive,
     /// Full alloy-trie HashBuilder build of the whole state.
     Reference,
 }
@@ -24,8 +28,11 @@ pub struct EfTestsArgs {
     #[arg(long, value_enum, default_value = "sequential")]
     executor: ExecutorArg,
     /// Trie that computes state roots.
-    #[arg(long = "state-root", value_enum, default_value = "reference")]
+    #[arg(long = "state-root", value_enum, default_value = "overdrive")]
     state_root: StateRootArg,
+    /// Threads of the parallel executor.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
     /// Print every passing test too.
     #[arg(long)]
     verbose: bool,
@@ -35,8 +42,12 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
     let options = RunOptions {
         executor: match args.executor {
             ExecutorArg::Sequential => ExecutorChoice::Sequential,
+            ExecutorArg::Parallel => ExecutorChoice::Parallel {
+                threads: args.threads,
+            },
         },
         state_root: match args.state_root {
+            StateRootArg::Overdrive => StateRootChoice::Overdrive,
             StateRootArg::Reference => StateRootChoice::Reference,
         },
     };
@@ -54,7 +65,11 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
         println!("{network:>28}: {p} passed, {f} failed, {s} skipped");
     }
     let (passed, failed, skipped) = summary.counts();
-    eprintln!("ran {} tests in {:.1}s", summary.results.len(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "ran {} tests in {:.1}s",
+        summary.results.len(),
+        started.elapsed().as_secs_f64()
+    );
     println!("{passed} passed, {failed} failed, {skipped} skipped");
     if summary.results.is_empty() {
         bail!("no tests found under {:?}", args.paths);

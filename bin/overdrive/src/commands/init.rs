@@ -21,7 +21,11 @@ pub fn run(args: InitArgs) -> eyre::Result<()> {
     let spec = match args.chain.as_str() {
         "mainnet" => {
             let alloc = crate::artifacts_dir().join("mainnet-alloc.json");
-            if alloc.exists() { ChainSpec::mainnet_with_alloc_file(&alloc)? } else { ChainSpec::mainnet() }
+            if alloc.exists() {
+                ChainSpec::mainnet_with_alloc_file(&alloc)?
+            } else {
+                ChainSpec::mainnet()
+            }
         }
         other => ChainSpec::load(other)?,
     };

@@ -1,0 +1,114 @@
+//! Sequential vs parallel execution on generated blocks.
+//!
+//! `cargo run --release -p overdrive-executor --example exec_bench -- [kind] [accounts] [txs]
+//! [threads] [repeat]` (defaults: erc20 100000 6000 2 7). Prints median wall time, speedup,
+//! CPU ratio (process CPU time of parallel / sequential) and the committer's statistics.
+//! `BENCH_ONLY=par` or `BENCH_ONLY=seq` times one executor only (for profiling).
+
+use overdrive_executor::{BlockExecutor, ParallelConfig, ParallelExecutor, SequentialExecutor};
+use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
+use std::time::{Duration, Instant};
+
+// reth runs on jemalloc; glibc malloc's cross-thread frees (a worker allocates a state diff,
+// the committer frees it) cost more than the executions themselves.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes into the zeroed struct passed to it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let kind: WorkloadKind = args
+        .first()
+        .map_or("erc20", |s| s)
+        .parse()
+        .expect("workload kind");
+    let accounts: usize = args
+        .get(1)
+        .map_or(100_000, |s| s.parse().expect("accounts"));
+    let txs: usize = args.get(2).map_or(6_000, |s| s.parse().expect("txs"));
+    let threads: usize = args.get(3).map_or(2, |s| s.parse().expect("threads"));
+    let repeat: usize = args.get(4).map_or(7, |s| s.parse().expect("repeat"));
+    let config = WorkloadConfig {
+        kind,
+        accounts,
+        txs_per_block: txs,
+        blocks: 1,
+        seed: 1,
+        hot_share: 0.3,
+        sender_skew: 0.0,
+        pairs: 300,
+    };
+    let workload = generate(&config).expect("workload");
+    let block = &workload.blocks[0];
+    let spec = &workload.chain_spec;
+    let state = &workload.genesis;
+    let parallel = ParallelExecutor::new(ParallelConfig {
+        threads,
+        ..Default::default()
+    });
+
+    let run = |name: &str, f: &dyn Fn() -> overdrive_executor::BlockOutput| {
+        let _ = f(); // warm-up
+        let mut samples: Vec<(Duration, Duration)> = (0..repeat)
+            .map(|_| {
+                let (c, w) = (cpu_time(), Instant::now());
+                let out = f();
+                let sample = (w.elapsed(), cpu_time() - c);
+                drop(out);
+                sample
+            })
+            .collect();
+        samples.sort();
+        let (wall, cpu) = samples[samples.len() / 2];
+        println!(
+            "{name:>10}: {:8.2} ms  {:9.0} tx/s  cpu {:8.2} ms",
+            wall.as_secs_f64() * 1e3,
+            txs as f64 / wall.as_secs_f64(),
+            cpu.as_secs_f64() * 1e3
+        );
+        (wall, cpu)
+    };
+    let seq_out = SequentialExecutor
+        .execute(spec, block, state)
+        .expect("sequential");
+    let par_out = parallel.execute(spec, block, state).expect("parallel");
+    assert!(
+        seq_out == par_out,
+        "parallel output differs from sequential"
+    );
+    println!("{kind} accounts {accounts} txs {txs} threads {threads} (equal: true)");
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "par") {
+        run("parallel", &|| {
+            parallel.execute(spec, block, state).expect("par")
+        });
+        return;
+    }
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "seq") {
+        run("sequential", &|| {
+            SequentialExecutor.execute(spec, block, state).expect("seq")
+        });
+        return;
+    }
+    let (sw, sc) = run("sequential", &|| {
+        SequentialExecutor.execute(spec, block, state).expect("seq")
+    });
+    let (pw, pc) = run("parallel", &|| {
+        parallel.execute(spec, block, state).expect("par")
+    });
+    println!(
+        "speedup {:.2}x  cpu_ratio {:.2}  stats {:?}",
+        sw.as_secs_f64() / pw.as_secs_f64(),
+        pc.as_secs_f64() / sc.as_secs_f64(),
+        parallel.last_stats()
+    );
+}

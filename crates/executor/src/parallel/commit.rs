@@ -1,0 +1,402 @@
+//! The committer: takes transactions in block order, checks each speculative result against
+//! the exact committed state, and commits it through alloy-evm's `EthBlockExecutor` over
+//! `revm::State` — the reference executor's own state, receipts and gas accounting — or, when
+//! the check fails, re-executes the transaction exactly there.
+//!
+//! Why a checked result is exact: the EVM is deterministic given the answers its database
+//! calls return. Every account and storage answer of the speculative run is recorded; code and
+//! ancestor hashes cannot change within a block. If each recorded answer equals what the
+//! committed state answers now, the exact run would have asked the same questions, got the same
+//! answers and produced the same result and state diff (the `original_value` of each slot
+//! included, which the bundle's reverts are built from). The two lazy reads (the coinbase paid
+//! its fee, a code-less recipient credited a plain transfer) are the exception the EVM cannot
+//! observe: their written balance is rebased onto the committed one.
+
+use super::{
+    hints::BlockHints,
+    mv::{Location, TxIdx},
+    sched::{DONE, PENDING, RUNNING, Scheduler},
+    spec::{
+        Observed, Read, ReadMode, SpecExec, SpecOutcome, SpecRun, SpecShared, Speculator,
+        extract_writes,
+    },
+};
+use crate::{ExecutionError, StateReader};
+use alloy_consensus::{
+    Eip658Value, Receipt, ReceiptEnvelope, ReceiptWithBloom, Transaction, TxEnvelope, TxType,
+    transaction::Recovered,
+};
+use alloy_evm::{
+    Evm,
+    block::BlockExecutor as _,
+    eth::{EthBlockExecutor, EthEvm, receipt_builder::AlloyReceiptBuilder},
+    precompiles::PrecompilesMap,
+};
+use alloy_primitives::{Address, U256, map::hash_map};
+use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use revm::{
+    Database, DatabaseCommit,
+    database::{State, WrapDatabaseRef, states::CacheAccount},
+    inspector::NoOpInspector,
+    primitives::KECCAK_EMPTY,
+    state::{AccountInfo, EvmState},
+};
+
+/// The reference executor the committer drives.
+pub(crate) type CommitExecutor<'s, 'a, DB> = EthBlockExecutor<
+    'a,
+    EthEvm<&'s mut State<WrapDatabaseRef<&'a DB>>, NoOpInspector, PrecompilesMap>,
+    &'a ChainSpec,
+    AlloyReceiptBuilder,
+>;
+
+pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
+    pub executor: &'c mut CommitExecutor<'s, 'a, DB>,
+    pub block: &'a RecoveredBlock,
+    pub sched: &'c Scheduler,
+    pub shared: &'c SpecShared<'a, DB>,
+    pub speculator: Speculator<'a, DB>,
+    pub hints: &'c BlockHints,
+    /// Whether Cancun is active (blob gas is counted).
+    pub cancun: bool,
+    /// Statistics for the benchmark log.
+    pub stats: CommitStats,
+}
+
+/// What the committer did, per block.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CommitStats {
+    /// Speculative results committed after validation.
+    pub validated: usize,
+    /// Transactions re-executed (or executed first) exactly by the committer.
+    pub exact: usize,
+    /// Transactions the committer executed speculatively while it waited.
+    pub helped: usize,
+    /// Nanoseconds spent validating and committing speculative results.
+    pub commit_ns: u64,
+    /// Nanoseconds spent executing exactly.
+    pub exact_ns: u64,
+    /// Nanoseconds spent helping.
+    pub help_ns: u64,
+    /// Nanoseconds spent waiting.
+    pub wait_ns: u64,
+}
+
+/// A lazily read account: its address, its committed value, what speculation saw.
+type LazyRead = (Address, Option<AccountInfo>, Option<Observed>);
+
+/// A speculative result the exact state disagrees with.
+struct Invalid;
+
+impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
+    /// Commits every transaction in order.
+    pub(crate) fn run(&mut self) -> Result<(), ExecutionError> {
+        let n = self.block.transactions.len() as TxIdx;
+        for k in 0..n {
+            loop {
+                if self.sched.stopped() {
+                    return Err(ExecutionError::WorkerPanic(
+                        self.sched
+                            .panic_message()
+                            .unwrap_or_else(|| "block aborted".into()),
+                    ));
+                }
+                match self.sched.status(k) {
+                    DONE => {
+                        let outcome = self.sched.take_outcome(k).ok_or_else(|| {
+                            ExecutionError::Other(format!("transaction {k} has no outcome"))
+                        })?;
+                        let t = std::time::Instant::now();
+                        self.commit_speculative(k, outcome)?;
+                        self.stats.commit_ns += t.elapsed().as_nanos() as u64;
+                        break;
+                    }
+                    PENDING => {
+                        if self.sched.try_claim(k) {
+                            let t = std::time::Instant::now();
+                            self.commit_exact(k, &[])?;
+                            self.stats.exact_ns += t.elapsed().as_nanos() as u64;
+                            break;
+                        }
+                    }
+                    RUNNING => match self.sched.next_task() {
+                        Some(j) => {
+                            let t = std::time::Instant::now();
+                            self.help(j);
+                            self.stats.help_ns += t.elapsed().as_nanos() as u64;
+                        }
+                        None => {
+                            let t = std::time::Instant::now();
+                            self.sched.committer_wait(k);
+                            self.stats.wait_ns += t.elapsed().as_nanos() as u64;
+                        }
+                    },
+                    other => {
+                        return Err(ExecutionError::Other(format!(
+                            "transaction {k} in unexpected state {other}"
+                        )));
+                    }
+                }
+            }
+            self.sched.committed(k);
+        }
+        Ok(())
+    }
+
+    /// Executes `j` speculatively on the committer's thread (while the transaction it waits
+    /// for is still running elsewhere). Its dependants go to the ready queue, never to the
+    /// committer.
+    fn help(&mut self, j: TxIdx) {
+        self.stats.helped += 1;
+        let tx = &self.block.transactions[j as usize];
+        let outcome = match self
+            .speculator
+            .run(j, tx, self.hints.lazy_recipient[j as usize])
+        {
+            SpecRun::Done(outcome, writes) => {
+                self.shared.mv.write(j, 0, &writes, &[]);
+                outcome
+            }
+            // Only the committer sets estimates and it clears them before helping, so this is
+            // not expected; leave the transaction to the exact path rather than wait on itself.
+            SpecRun::Blocked(_) => Box::new(SpecOutcome {
+                reads: Vec::new(),
+                exec: None,
+                written: Vec::new(),
+            }),
+        };
+        self.sched.finish(j, outcome, false);
+    }
+
+    /// The block gas-limit rule of `execute_transaction_without_commit`, applied in order.
+    fn check_block_gas(&self, tx: &Recovered<TxEnvelope>) -> Result<(), ExecutionError> {
+        let evm = &self.executor.evm;
+        let used = if evm.cfg_env().enable_amsterdam_eip8037 {
+            self.executor.block_regular_gas_used
+        } else {
+            self.executor.cumulative_tx_gas_used
+        };
+        let available = evm.block().gas_limit - used;
+        let mut max_usage = tx.gas_limit();
+        if let Some(cap) = evm.cfg_env().tx_gas_limit_cap {
+            max_usage = max_usage.min(cap);
+        }
+        if max_usage > available {
+            return Err(ExecutionError::BlockGasExceeded {
+                gas_limit: tx.gas_limit(),
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    fn commit_speculative(
+        &mut self,
+        k: TxIdx,
+        outcome: Box<SpecOutcome>,
+    ) -> Result<(), ExecutionError> {
+        let tx = &self.block.transactions[k as usize];
+        self.check_block_gas(tx)?;
+        let SpecOutcome {
+            reads,
+            exec,
+            written,
+        } = *outcome;
+        let Some(mut exec) = exec else {
+            return self.commit_exact(k, &written);
+        };
+        if self.validate_and_rebase(&reads, &mut exec.state).is_err() {
+            return self.commit_exact(k, &written);
+        }
+        self.stats.validated += 1;
+        let SpecExec {
+            result,
+            state,
+            bloom,
+        } = exec;
+        let executor = &mut *self.executor;
+        let gas = result.gas();
+        let tx_gas_used = gas.tx_gas_used();
+        executor.block_regular_gas_used += gas.block_regular_gas_used();
+        executor.block_state_gas_used += gas.block_state_gas_used();
+        executor.cumulative_tx_gas_used += tx_gas_used;
+        if self.cancun {
+            executor.blob_gas_used = executor
+                .blob_gas_used
+                .saturating_add(tx.blob_gas_used().unwrap_or_default());
+        }
+        let receipt = ReceiptWithBloom {
+            receipt: Receipt {
+                status: Eip658Value::Eip658(result.is_success()),
+                cumulative_gas_used: executor.cumulative_tx_gas_used,
+                logs: result.into_logs(),
+            },
+            logs_bloom: bloom,
+        };
+        executor.receipts.push(envelope(tx.tx_type(), receipt));
+        executor.evm.db_mut().commit(state);
+        Ok(())
+    }
+
+    /// Checks every recorded read against the committed state and rebases the lazy balances.
+    fn validate_and_rebase(&mut self, reads: &[Read], state: &mut EvmState) -> Result<(), Invalid> {
+        let db: &mut State<WrapDatabaseRef<&'a DB>> = self.executor.evm.db_mut();
+        let mut lazy: [Option<LazyRead>; 2] = [None, None];
+        for read in reads {
+            match read {
+                Read::Account {
+                    address,
+                    observed,
+                    mode,
+                    base,
+                } => {
+                    if let Some(base) = base {
+                        seed_account(db, *address, base);
+                    }
+                    let now = db.basic(*address).map_err(|_| Invalid)?;
+                    match mode {
+                        ReadMode::Strict => {
+                            if Observed::of(&now) != *observed {
+                                return Err(Invalid);
+                            }
+                        }
+                        ReadMode::LazyCoinbase => lazy[0] = Some((*address, now, *observed)),
+                        ReadMode::LazyRecipient => {
+                            if now.as_ref().is_some_and(|i| i.code_hash != KECCAK_EMPTY) {
+                                return Err(Invalid);
+                            }
+                            lazy[1] = Some((*address, now, *observed));
+                        }
+                    }
+                }
+                Read::Storage {
+                    address,
+                    slot,
+                    value,
+                    base,
+                } => {
+                    if *base && seed_storage(db, *address, *slot, *value) {
+                        continue;
+                    }
+                    if db.storage(*address, *slot).map_err(|_| Invalid)? != *value {
+                        return Err(Invalid);
+                    }
+                }
+            }
+        }
+        for (address, now, observed) in lazy.into_iter().flatten() {
+            rebase(state, address, now, observed)?;
+        }
+        Ok(())
+    }
+
+    /// Executes transaction `k` exactly on the committed state and commits it. `written` are
+    /// the locations its speculative run published: they are estimates until the exact writes
+    /// replace them.
+    fn commit_exact(&mut self, k: TxIdx, written: &[Location]) -> Result<(), ExecutionError> {
+        self.stats.exact += 1;
+        let mv = self.shared.mv;
+        mv.mark_estimates(k, written);
+        let tx = &self.block.transactions[k as usize];
+        let output = self.executor.execute_transaction_without_commit(tx)?;
+        let mut writes = Vec::with_capacity(output.result.state.len() + 2);
+        extract_writes(&output.result.state, &[], self.shared, &mut writes);
+        let stale: Vec<Location> = written
+            .iter()
+            .filter(|l| !writes.iter().any(|(w, _)| w == *l))
+            .copied()
+            .collect();
+        mv.write(k, 1, &writes, &stale);
+        self.executor.commit_transaction(output);
+        Ok(())
+    }
+}
+
+/// Puts the pre-state value of an account into `revm::State`'s cache exactly as a cache miss
+/// would (`State::load_cache_account`), so the committer does not read the pre-state again.
+fn seed_account<DB: StateReader>(
+    state: &mut State<WrapDatabaseRef<&DB>>,
+    address: Address,
+    base: &Option<AccountInfo>,
+) {
+    if let hash_map::Entry::Vacant(entry) = state.cache.accounts.entry(address) {
+        entry.insert(match base {
+            None => CacheAccount::new_loaded_not_existing(),
+            Some(info) if info.is_empty() => {
+                CacheAccount::new_loaded_empty_eip161(Default::default())
+            }
+            Some(info) => CacheAccount::new_loaded(info.clone(), Default::default()),
+        });
+    }
+}
+
+/// Like `State::storage` on a slot it has not cached yet, with the pre-state value already
+/// known. Returns false (nothing done) when the case is not that one: the account is not
+/// cached, does not exist, its storage is known (then the answer is zero, not the pre-state's),
+/// or the slot is cached (then the cache decides).
+fn seed_storage<DB: StateReader>(
+    state: &mut State<WrapDatabaseRef<&DB>>,
+    address: Address,
+    slot: U256,
+    value: U256,
+) -> bool {
+    let Some(account) = state.cache.accounts.get_mut(&address) else {
+        return false;
+    };
+    if account.status.is_storage_known() {
+        return false;
+    }
+    let Some(plain) = account.account.as_mut() else {
+        return false;
+    };
+    match plain.storage.entry(slot) {
+        hash_map::Entry::Vacant(entry) => {
+            entry.insert(value);
+            true
+        }
+        hash_map::Entry::Occupied(_) => false,
+    }
+}
+
+/// Moves a lazily credited account's speculative credit onto its committed balance.
+fn rebase(
+    state: &mut EvmState,
+    address: Address,
+    now: Option<AccountInfo>,
+    observed: Option<Observed>,
+) -> Result<(), Invalid> {
+    let Some(account) = state.get_mut(&address) else {
+        return Ok(());
+    };
+    if !account.is_touched() {
+        return Ok(());
+    }
+    if account.is_selfdestructed()
+        || account.is_created()
+        || account.changed_storage_slots().next().is_some()
+    {
+        return Err(Invalid);
+    }
+    let (before, nonce, code_hash) = observed.map_or((U256::ZERO, 0, KECCAK_EMPTY), |o| {
+        (o.balance, o.nonce, o.code_hash)
+    });
+    if account.info.nonce != nonce || account.info.code_hash != code_hash {
+        return Err(Invalid);
+    }
+    let credit = account.info.balance.checked_sub(before).ok_or(Invalid)?;
+    let mut info = now.unwrap_or_default();
+    info.balance = info.balance.checked_add(credit).ok_or(Invalid)?;
+    account.info = info;
+    Ok(())
+}
+
+/// The receipt envelope of a transaction type, as alloy-evm's `AlloyReceiptBuilder` builds it.
+fn envelope(tx_type: TxType, receipt: ReceiptWithBloom<Receipt>) -> ReceiptEnvelope {
+    match tx_type {
+        TxType::Legacy => ReceiptEnvelope::Legacy(receipt),
+        TxType::Eip2930 => ReceiptEnvelope::Eip2930(receipt),
+        TxType::Eip1559 => ReceiptEnvelope::Eip1559(receipt),
+        TxType::Eip4844 => ReceiptEnvelope::Eip4844(receipt),
+        TxType::Eip7702 => ReceiptEnvelope::Eip7702(receipt),
+    }
+}

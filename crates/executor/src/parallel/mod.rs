@@ -1,0 +1,318 @@
+//! The parallel executor: optimistic (Block-STM style) speculative execution over a
+//! multi-version memory, scheduled by a dependency DAG built from hints, with an in-order
+//! committer that checks each result against the exact state and commits it through the
+//! reference executor's own state and receipt path.
+//!
+//! Threads: the calling thread is the committer (it also executes transactions while it would
+//! otherwise wait); `threads - 1` persistent pool threads execute speculatively. Committing
+//! (state transitions, receipts) is about half of sequential execution's cost, so overlapping it
+//! with execution is as important as executing in parallel.
+
+mod commit;
+mod hints;
+mod mv;
+mod sched;
+mod spec;
+
+pub use commit::CommitStats;
+
+use crate::{
+    BlockExecutor, BlockOutput, ExecutionError, SequentialExecutor, StateReader, evm_env,
+    execution_ctx,
+};
+use alloy_evm::{
+    EvmFactory,
+    block::BlockExecutor as _,
+    eth::{EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder},
+};
+use commit::Committer;
+use mv::MvMemory;
+use overdrive_primitives::EthereumHardforks;
+use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use revm::{
+    database::{State, states::bundle_state::BundleRetention},
+    primitives::hardfork::SpecId,
+};
+use sched::{COMMITTED, Scheduler};
+use spec::{NewCode, SpecRun, SpecShared, Speculator};
+use std::{
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::Mutex,
+};
+
+/// Blocks with fewer transactions than this run sequentially by default: below it the
+/// per-block set-up (hints, memory, waking the pool) costs more than the second core returns.
+pub const DEFAULT_MIN_TXS_FOR_PARALLEL: usize = 16;
+
+/// Configuration of a [`ParallelExecutor`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParallelConfig {
+    /// Threads executing a block, the calling thread included (it commits). 1 means
+    /// sequential.
+    pub threads: usize,
+    /// Blocks with fewer transactions run on the sequential path.
+    pub min_txs_for_parallel: usize,
+    /// Defer the coinbase fee to commit (every transaction pays it, so eager payment makes
+    /// every transaction conflict with every other).
+    pub lazy_coinbase: bool,
+    /// Credit plain transfers to a recipient that receives several in a block lazily.
+    pub lazy_recipients: bool,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            min_txs_for_parallel: DEFAULT_MIN_TXS_FOR_PARALLEL,
+            lazy_coinbase: true,
+            lazy_recipients: true,
+        }
+    }
+}
+
+/// The parallel executor. Reusable across blocks; owns a persistent pool of `threads - 1`
+/// workers. Output equals [`SequentialExecutor`]'s bit for bit, errors included.
+#[derive(Debug)]
+pub struct ParallelExecutor {
+    config: ParallelConfig,
+    /// `None` when `threads <= 1` or the pool could not be started: everything runs
+    /// sequentially then.
+    pool: Option<rayon::ThreadPool>,
+    /// Statistics of the last parallel block (for benchmarks and tests).
+    last_stats: Mutex<Option<CommitStats>>,
+}
+
+impl ParallelExecutor {
+    /// An executor with its worker pool started.
+    pub fn new(config: ParallelConfig) -> Self {
+        let pool = (config.threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(config.threads - 1)
+                    .thread_name(|i| format!("overdrive-exec-{i}"))
+                    .build()
+                    .inspect_err(|e| tracing::warn!(%e, "parallel executor runs sequentially"))
+                    .ok()
+            })
+            .flatten();
+        Self {
+            config,
+            pool,
+            last_stats: Mutex::new(None),
+        }
+    }
+
+    /// An executor with `threads` threads and the default thresholds.
+    pub fn with_threads(threads: usize) -> Self {
+        Self::new(ParallelConfig {
+            threads,
+            ..Default::default()
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ParallelConfig {
+        &self.config
+    }
+
+    /// What the committer did on the last block executed in parallel.
+    pub fn last_stats(&self) -> Option<CommitStats> {
+        *self
+            .last_stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn execute_parallel<DB: StateReader>(
+        &self,
+        pool: &rayon::ThreadPool,
+        spec: &ChainSpec,
+        block: &RecoveredBlock,
+        db: &DB,
+    ) -> Result<BlockOutput, ExecutionError> {
+        let env = evm_env(spec, block);
+        let coinbase = block.header.beneficiary;
+        let cancun = spec.is_cancun_active_at_timestamp(block.header.timestamp);
+        // Before Spurious Dragon a touched empty account survives, and the rebase of a lazily
+        // paid fee assumes post-EIP-161 semantics; such old blocks pay the fee eagerly.
+        let lazy_ok = env.cfg_env.spec.is_enabled_in(SpecId::SPURIOUS_DRAGON);
+        let mut hints = hints::build(
+            &block.transactions,
+            coinbase,
+            self.config.lazy_recipients && lazy_ok,
+        );
+
+        let mut state = State::builder()
+            .with_database_ref(db)
+            .with_bundle_update()
+            .build();
+        let evm = EthEvmFactory::default().create_evm(&mut state, env.clone());
+        let mut executor = EthBlockExecutor::new(
+            evm,
+            execution_ctx(block),
+            spec,
+            AlloyReceiptBuilder::default(),
+        );
+        // The system calls before the transactions run exactly, on the committed state. Their
+        // writes (two system contracts' storage) are not visible to speculation; a
+        // transaction that reads them fails validation and is re-executed exactly.
+        executor.apply_pre_execution_changes()?;
+
+        let mv = MvMemory::new();
+        let new_code = NewCode::default();
+        let shared = SpecShared {
+            db,
+            mv: &mv,
+            new_code: &new_code,
+            coinbase,
+            lazy_coinbase: self.config.lazy_coinbase && lazy_ok,
+        };
+        let sched = Scheduler::new(std::mem::take(&mut hints.deps), std::thread::current());
+        let workers = self.config.threads - 1;
+
+        let mut stats = None;
+        let committed = pool.in_place_scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|_| {
+                    let run = catch_unwind(AssertUnwindSafe(|| {
+                        worker(&sched, &shared, block, &hints, env.clone());
+                    }));
+                    if let Err(panic) = run {
+                        sched.record_panic(panic_message(panic.as_ref()));
+                    }
+                });
+            }
+            let run = catch_unwind(AssertUnwindSafe(|| {
+                let mut committer = Committer {
+                    executor: &mut executor,
+                    block,
+                    sched: &sched,
+                    shared: &shared,
+                    speculator: Speculator::new(&shared, env.clone()),
+                    hints: &hints,
+                    cancun,
+                    stats: CommitStats::default(),
+                };
+                let result = committer.run();
+                stats = Some(committer.stats);
+                result
+            }));
+            // Whatever happened, the workers stop now.
+            sched.stop();
+            match run {
+                Ok(result) => result,
+                Err(panic) => Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref()))),
+            }
+        });
+        if let Some(message) = sched.panic_message() {
+            return Err(ExecutionError::WorkerPanic(message));
+        }
+        committed?;
+        *self
+            .last_stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = stats;
+
+        let result = executor.apply_post_execution_changes()?;
+        state.merge_transitions(BundleRetention::Reverts);
+        Ok(BlockOutput {
+            receipts: result.receipts,
+            gas_used: result.gas_used,
+            blob_gas_used: result.blob_gas_used,
+            requests: result.requests,
+            bundle: state.take_bundle(),
+        })
+    }
+}
+
+/// A pool thread's loop for one block: take a transaction, execute it speculatively, publish
+/// its writes, continue with a dependant it released (chains stay on one thread).
+fn worker<DB: StateReader>(
+    sched: &Scheduler,
+    shared: &SpecShared<'_, DB>,
+    block: &RecoveredBlock,
+    hints: &hints::BlockHints,
+    env: alloy_evm::EvmEnv,
+) {
+    let mut speculator = Speculator::new(shared, env);
+    let mut next = None;
+    while !sched.stopped() {
+        let Some(j) = next.take().or_else(|| sched.next_task()) else {
+            sched.idle_wait();
+            continue;
+        };
+        let tx = &block.transactions[j as usize];
+        let outcome = loop {
+            match speculator.run(j, tx, hints.lazy_recipient[j as usize]) {
+                SpecRun::Done(outcome, writes) => {
+                    shared.mv.write(j, 0, &writes, &[]);
+                    break outcome;
+                }
+                SpecRun::Blocked(writer) => {
+                    // The committer is re-executing `writer`; its new values come within
+                    // microseconds.
+                    while sched.status(writer) != COMMITTED {
+                        if sched.stopped() {
+                            return;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        };
+        next = sched.finish(j, outcome, true);
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+impl BlockExecutor for ParallelExecutor {
+    fn name(&self) -> &'static str {
+        "parallel"
+    }
+
+    fn execute<DB: StateReader>(
+        &self,
+        spec: &ChainSpec,
+        block: &RecoveredBlock,
+        state: &DB,
+    ) -> Result<BlockOutput, ExecutionError> {
+        match &self.pool {
+            Some(pool) if block.transactions.len() >= self.config.min_txs_for_parallel.max(2) => {
+                // A panic anywhere (system calls included) rejects the block; the committer's
+                // state is dropped with it, so nothing partial survives.
+                catch_unwind(AssertUnwindSafe(|| {
+                    self.execute_parallel(pool, spec, block, state)
+                }))
+                .unwrap_or_else(|panic| {
+                    Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref())))
+                })
+            }
+            _ => SequentialExecutor.execute(spec, block, state),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executor_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ParallelExecutor>();
+    }
+
+    #[test]
+    fn one_thread_runs_without_a_pool() {
+        let executor = ParallelExecutor::with_threads(1);
+        assert!(executor.pool.is_none());
+        assert_eq!(executor.name(), "parallel");
+    }
+}

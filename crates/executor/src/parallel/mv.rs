@@ -1,0 +1,331 @@
+//! Multi-version memory: every speculative write of the block, keyed by location and ordered by
+//! transaction index, so a transaction executing at index `j` can read what the highest
+//! transaction below `j` wrote.
+//!
+//! The memory is an optimisation, not an authority: whatever a transaction reads here is
+//! checked again, value by value, against the committed `revm::State` before its result is
+//! committed (see `commit.rs`). An imperfect answer here costs a re-execution, never a wrong
+//! block.
+
+use alloy_primitives::{Address, U256, map::HashMap};
+use revm::state::AccountInfo;
+use std::sync::{
+    Mutex, PoisonError,
+    atomic::{AtomicBool, Ordering},
+};
+
+/// Index of a transaction in its block.
+pub(crate) type TxIdx = u32;
+
+/// What a transaction can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Location {
+    /// Nonce, balance, code hash and existence of an account.
+    Account(Address),
+    /// One storage slot.
+    Storage(Address, U256),
+    /// The account's whole storage was cleared (self-destruct, EIP-161 removal, creation).
+    Wipe(Address),
+}
+
+/// A written value.
+#[derive(Debug, Clone)]
+pub(crate) enum MvValue {
+    /// The account after the write; `None` when it no longer exists.
+    Account(Option<AccountInfo>),
+    /// A lazy balance increment of an account (a plain transfer to a hot recipient): the value
+    /// below it plus this amount.
+    Delta(U256),
+    /// A storage value.
+    Storage(U256),
+    /// The storage of the account was cleared at this transaction.
+    Wipe,
+}
+
+#[derive(Debug, Clone)]
+enum Entry {
+    Data {
+        /// 0 for the speculative execution, 1 for the exact re-execution by the committer.
+        incarnation: u32,
+        value: MvValue,
+    },
+    /// The writer is being re-executed: readers must wait for its new values.
+    Estimate,
+}
+
+/// How an account read resolved.
+#[derive(Debug, Clone)]
+pub(crate) enum AccountRead {
+    /// A write below the reader determines the account (deltas on it already added).
+    Value(Option<AccountInfo>),
+    /// No absolute write below the reader: take the base state and add `delta`.
+    Base { delta: U256 },
+    /// A write below the reader is being re-executed; wait for that transaction.
+    Blocked(TxIdx),
+}
+
+/// How a storage read resolved.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StorageRead {
+    Value(U256),
+    Base,
+    Blocked(TxIdx),
+}
+
+const SHARDS: usize = 128;
+
+/// Versions of one location, sorted by transaction index (each index at most once).
+type Versions = Vec<(TxIdx, Entry)>;
+
+/// The memory. Each shard's mutex guards the version lists of the locations that hash to it;
+/// no code path holds two shard locks at once.
+#[derive(Debug)]
+pub(crate) struct MvMemory {
+    shards: Box<[Mutex<HashMap<Location, Versions>>]>,
+    /// Set once any transaction wrote a `Wipe`: until then storage reads skip the wipe lookup.
+    any_wipe: AtomicBool,
+}
+
+fn shard_of(location: &Location) -> usize {
+    // Addresses and (hashed) slots are close to uniformly distributed; a few bytes of each
+    // spread the shards well without hashing the whole key twice.
+    let (address, extra) = match location {
+        Location::Account(a) => (a, 0u64),
+        Location::Storage(a, slot) => (a, slot.as_limbs()[0]),
+        Location::Wipe(a) => (a, 1u64),
+    };
+    let a = u64::from_le_bytes(address.0[12..20].try_into().unwrap_or_default());
+    ((a ^ extra ^ (extra >> 29)) as usize) % SHARDS
+}
+
+impl MvMemory {
+    pub(crate) fn new() -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
+            any_wipe: AtomicBool::new(false),
+        }
+    }
+
+    fn shard(&self, location: &Location) -> std::sync::MutexGuard<'_, HashMap<Location, Versions>> {
+        // A poisoned shard only means another worker panicked; the block is aborted by then and
+        // nothing read here can reach a committed result unchecked.
+        self.shards[shard_of(location)]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Resolves `Account(address)` as seen by transaction `reader`.
+    pub(crate) fn read_account(&self, address: Address, reader: TxIdx) -> AccountRead {
+        let location = Location::Account(address);
+        let shard = self.shard(&location);
+        let Some(versions) = shard.get(&location) else {
+            return AccountRead::Base { delta: U256::ZERO };
+        };
+        let below = versions.partition_point(|(tx, _)| *tx < reader);
+        let mut delta = U256::ZERO;
+        for (tx, entry) in versions[..below].iter().rev() {
+            match entry {
+                Entry::Estimate => return AccountRead::Blocked(*tx),
+                Entry::Data {
+                    value: MvValue::Delta(d),
+                    ..
+                } => delta = delta.saturating_add(*d),
+                Entry::Data {
+                    value: MvValue::Account(info),
+                    ..
+                } => {
+                    let info = info.clone().map(|mut info| {
+                        info.balance = info.balance.saturating_add(delta);
+                        info
+                    });
+                    return AccountRead::Value(info);
+                }
+                Entry::Data { .. } => {}
+            }
+        }
+        AccountRead::Base { delta }
+    }
+
+    /// Resolves a storage slot as seen by transaction `reader`, honouring storage wipes.
+    pub(crate) fn read_storage(&self, address: Address, slot: U256, reader: TxIdx) -> StorageRead {
+        let (slot_tx, slot_value) =
+            match self.latest_below(&Location::Storage(address, slot), reader) {
+                Some((tx, Entry::Estimate)) => return StorageRead::Blocked(tx),
+                Some((
+                    tx,
+                    Entry::Data {
+                        value: MvValue::Storage(v),
+                        ..
+                    },
+                )) => (Some(tx), v),
+                _ => (None, U256::ZERO),
+            };
+        if self.any_wipe.load(Ordering::Acquire) {
+            match self.latest_below(&Location::Wipe(address), reader) {
+                Some((tx, Entry::Estimate)) => return StorageRead::Blocked(tx),
+                // A wipe after the last slot write clears it; a wipe and a write by the same
+                // transaction (a constructor storing) leave the written value.
+                Some((tx, Entry::Data { .. })) if slot_tx.is_none_or(|s| tx > s) => {
+                    return StorageRead::Value(U256::ZERO);
+                }
+                _ => {}
+            }
+        }
+        match slot_tx {
+            Some(_) => StorageRead::Value(slot_value),
+            None => StorageRead::Base,
+        }
+    }
+
+    fn latest_below(&self, location: &Location, reader: TxIdx) -> Option<(TxIdx, Entry)> {
+        let shard = self.shard(location);
+        let versions = shard.get(location)?;
+        let below = versions.partition_point(|(tx, _)| *tx < reader);
+        below.checked_sub(1).map(|i| versions[i].clone())
+    }
+
+    /// Records the writes of `writer` (incarnation `incarnation`), replacing whatever it wrote
+    /// before at the same locations; `stale` lists its previous locations that the new write
+    /// set no longer contains, which are removed.
+    pub(crate) fn write(
+        &self,
+        writer: TxIdx,
+        incarnation: u32,
+        writes: &[(Location, MvValue)],
+        stale: &[Location],
+    ) {
+        for (location, value) in writes {
+            if matches!(location, Location::Wipe(_)) {
+                self.any_wipe.store(true, Ordering::Release);
+            }
+            let entry = Entry::Data {
+                incarnation,
+                value: value.clone(),
+            };
+            let mut shard = self.shard(location);
+            let versions = shard.entry(*location).or_default();
+            match versions.binary_search_by_key(&writer, |(tx, _)| *tx) {
+                // A newer incarnation's data is never replaced by an older one's.
+                Ok(i) => match &versions[i].1 {
+                    Entry::Data {
+                        incarnation: newer, ..
+                    } if *newer > incarnation => {}
+                    _ => versions[i].1 = entry,
+                },
+                Err(i) => versions.insert(i, (writer, entry)),
+            }
+        }
+        for location in stale {
+            let mut shard = self.shard(location);
+            if let Some(versions) = shard.get_mut(location)
+                && let Ok(i) = versions.binary_search_by_key(&writer, |(tx, _)| *tx)
+            {
+                versions.remove(i);
+            }
+        }
+    }
+
+    /// Marks every location `writer` wrote as an estimate while it is re-executed.
+    pub(crate) fn mark_estimates(&self, writer: TxIdx, locations: &[Location]) {
+        for location in locations {
+            let mut shard = self.shard(location);
+            if let Some(versions) = shard.get_mut(location)
+                && let Ok(i) = versions.binary_search_by_key(&writer, |(tx, _)| *tx)
+            {
+                versions[i].1 = Entry::Estimate;
+            }
+        }
+    }
+
+    /// Incarnation of `writer`'s entry at `location`, if it has a data entry there (tests).
+    #[cfg(test)]
+    pub(crate) fn incarnation(&self, location: &Location, writer: TxIdx) -> Option<u32> {
+        let shard = self.shard(location);
+        let versions = shard.get(location)?;
+        let i = versions.binary_search_by_key(&writer, |(tx, _)| *tx).ok()?;
+        match &versions[i].1 {
+            Entry::Data { incarnation, .. } => Some(*incarnation),
+            Entry::Estimate => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(balance: u64) -> Option<AccountInfo> {
+        Some(AccountInfo {
+            balance: U256::from(balance),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn reads_latest_write_below_reader() {
+        let mv = MvMemory::new();
+        let a = Address::repeat_byte(1);
+        let loc = Location::Account(a);
+        mv.write(2, 0, &[(loc, MvValue::Account(info(20)))], &[]);
+        mv.write(5, 0, &[(loc, MvValue::Account(info(50)))], &[]);
+        assert!(matches!(mv.read_account(a, 2), AccountRead::Base { .. }));
+        assert!(
+            matches!(mv.read_account(a, 3), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
+        );
+        assert!(
+            matches!(mv.read_account(a, 9), AccountRead::Value(Some(i)) if i.balance == U256::from(50))
+        );
+        mv.mark_estimates(5, &[loc]);
+        assert!(matches!(mv.read_account(a, 9), AccountRead::Blocked(5)));
+        mv.write(5, 1, &[], &[loc]);
+        assert!(
+            matches!(mv.read_account(a, 9), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
+        );
+        assert_eq!(mv.incarnation(&loc, 2), Some(0));
+    }
+
+    #[test]
+    fn deltas_stack_on_the_value_below() {
+        let mv = MvMemory::new();
+        let a = Address::repeat_byte(2);
+        let loc = Location::Account(a);
+        mv.write(1, 0, &[(loc, MvValue::Delta(U256::from(3)))], &[]);
+        mv.write(3, 0, &[(loc, MvValue::Account(info(10)))], &[]);
+        mv.write(4, 0, &[(loc, MvValue::Delta(U256::from(7)))], &[]);
+        assert!(
+            matches!(mv.read_account(a, 2), AccountRead::Base { delta } if delta == U256::from(3))
+        );
+        assert!(
+            matches!(mv.read_account(a, 5), AccountRead::Value(Some(i)) if i.balance == U256::from(17))
+        );
+    }
+
+    #[test]
+    fn wipes_clear_older_slot_writes_only() {
+        let mv = MvMemory::new();
+        let a = Address::repeat_byte(3);
+        let s = U256::from(9);
+        mv.write(
+            1,
+            0,
+            &[(Location::Storage(a, s), MvValue::Storage(U256::from(4)))],
+            &[],
+        );
+        mv.write(2, 0, &[(Location::Wipe(a), MvValue::Wipe)], &[]);
+        mv.write(
+            4,
+            0,
+            &[
+                (Location::Wipe(a), MvValue::Wipe),
+                (Location::Storage(a, s), MvValue::Storage(U256::from(6))),
+            ],
+            &[],
+        );
+        assert!(matches!(mv.read_storage(a, s, 1), StorageRead::Base));
+        assert!(matches!(mv.read_storage(a, s, 2), StorageRead::Value(v) if v == U256::from(4)));
+        assert!(matches!(mv.read_storage(a, s, 3), StorageRead::Value(v) if v.is_zero()));
+        assert!(matches!(mv.read_storage(a, s, 5), StorageRead::Value(v) if v == U256::from(6)));
+    }
+}

@@ -1,0 +1,267 @@
+//! Who runs which transaction when.
+//!
+//! Each transaction goes PENDING → RUNNING → DONE → COMMITTED (or PENDING → RUNNING →
+//! COMMITTED when the committer runs it exactly itself). Statuses only move forward; every
+//! claim of a PENDING transaction is a compare-and-swap, so exactly one thread runs it.
+//!
+//! Transactions are handed out in block order from a cursor. One whose hinted dependencies
+//! have not finished is parked on the first unfinished one; when that finishes, the thread that
+//! finished it continues with the lowest parked dependant itself, so a chain of dependent
+//! transactions runs in one worker, in order, without a hand-off per link.
+
+use super::{mv::TxIdx, spec::SpecOutcome};
+use std::{
+    cmp::Reverse,
+    collections::BinaryHeap,
+    sync::{
+        Condvar, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering},
+    },
+    thread::Thread,
+    time::Duration,
+};
+
+pub(crate) const PENDING: u8 = 0;
+pub(crate) const RUNNING: u8 = 1;
+pub(crate) const DONE: u8 = 2;
+pub(crate) const COMMITTED: u8 = 3;
+
+/// How far ahead of the transaction it waits for the committer asks to be woken: waking it per
+/// transaction costs more than it commits.
+const WAKE_BATCH: usize = 16;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Poisoning means a thread panicked; the block is being aborted and the data is only read
+    // to wind down.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    n: usize,
+    status: Box<[AtomicU8]>,
+    /// The speculative outcome of each transaction: written by its executor before its status
+    /// becomes DONE, taken by the committer after.
+    outcomes: Box<[Mutex<Option<Box<SpecOutcome>>>]>,
+    /// Transactions parked until this one is DONE (or COMMITTED). Guarded by its mutex; a
+    /// parker re-checks the status under the lock, a finisher sets the status before taking
+    /// the lock, so no wake-up is lost.
+    waiters: Box<[Mutex<Vec<TxIdx>>]>,
+    deps: Vec<Vec<TxIdx>>,
+    cursor: AtomicUsize,
+    /// Transactions whose dependencies finished, lowest first, not yet claimed.
+    ready: Mutex<BinaryHeap<Reverse<TxIdx>>>,
+    ready_len: AtomicUsize,
+    /// Idle workers wait here for `ready` to fill or the block to end.
+    idle: Condvar,
+    /// Set when the committer is finished (success or error) or a thread panicked.
+    stop: AtomicBool,
+    /// The first panic message, if any thread panicked.
+    panic: Mutex<Option<String>>,
+    committer: Thread,
+    /// Wake the committer once a transaction at or above this index is DONE (`usize::MAX`: it
+    /// is not waiting).
+    wake_committer_at: AtomicUsize,
+    /// The transaction the committer waits for (meaningful while `wake_committer_at` is set).
+    awaited: AtomicUsize,
+}
+
+impl Scheduler {
+    pub(crate) fn new(deps: Vec<Vec<TxIdx>>, committer: Thread) -> Self {
+        let n = deps.len();
+        Self {
+            n,
+            status: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
+            outcomes: (0..n).map(|_| Mutex::new(None)).collect(),
+            waiters: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+            deps,
+            cursor: AtomicUsize::new(0),
+            ready: Mutex::new(BinaryHeap::new()),
+            ready_len: AtomicUsize::new(0),
+            idle: Condvar::new(),
+            stop: AtomicBool::new(false),
+            panic: Mutex::new(None),
+            committer,
+            wake_committer_at: AtomicUsize::new(usize::MAX),
+            awaited: AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    pub(crate) fn status(&self, tx: TxIdx) -> u8 {
+        self.status[tx as usize].load(Ordering::Acquire)
+    }
+
+    pub(crate) fn try_claim(&self, tx: TxIdx) -> bool {
+        self.status[tx as usize]
+            .compare_exchange(PENDING, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Ends the block for every thread.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _guard = lock(&self.ready);
+        self.idle.notify_all();
+        drop(_guard);
+        self.committer.unpark();
+    }
+
+    /// Records a panic and stops the block.
+    pub(crate) fn record_panic(&self, message: String) {
+        lock(&self.panic).get_or_insert(message);
+        self.stop();
+    }
+
+    pub(crate) fn panic_message(&self) -> Option<String> {
+        lock(&self.panic).clone()
+    }
+
+    /// True when every hinted dependency of `tx` has finished; otherwise parks `tx` on an
+    /// unfinished one and returns false.
+    fn deps_ready_or_park(&self, tx: TxIdx) -> bool {
+        for &dep in &self.deps[tx as usize] {
+            if self.status(dep) >= DONE {
+                continue;
+            }
+            let mut waiters = lock(&self.waiters[dep as usize]);
+            if self.status(dep) >= DONE {
+                continue;
+            }
+            waiters.push(tx);
+            return false;
+        }
+        true
+    }
+
+    /// The next transaction to execute speculatively, claimed; `None` when none is available
+    /// right now.
+    pub(crate) fn next_task(&self) -> Option<TxIdx> {
+        loop {
+            if self.ready_len.load(Ordering::Acquire) > 0 {
+                let popped = {
+                    let mut ready = lock(&self.ready);
+                    let popped = ready.pop();
+                    self.ready_len.store(ready.len(), Ordering::Release);
+                    popped
+                };
+                if let Some(Reverse(tx)) = popped {
+                    if self.try_claim(tx) {
+                        return Some(tx);
+                    }
+                    continue;
+                }
+            }
+            let next = self.cursor.fetch_add(1, Ordering::AcqRel);
+            if next >= self.n {
+                return None;
+            }
+            let tx = next as TxIdx;
+            if self.status(tx) == PENDING && self.deps_ready_or_park(tx) && self.try_claim(tx) {
+                return Some(tx);
+            }
+        }
+    }
+
+    /// Stores the outcome of `tx`, marks it DONE and releases its dependants. When
+    /// `keep_one`, the lowest dependant that is now ready is claimed and returned for the
+    /// caller to run next; the others go to the ready queue.
+    pub(crate) fn finish(
+        &self,
+        tx: TxIdx,
+        outcome: Box<SpecOutcome>,
+        keep_one: bool,
+    ) -> Option<TxIdx> {
+        *lock(&self.outcomes[tx as usize]) = Some(outcome);
+        self.status[tx as usize].store(DONE, Ordering::Release);
+        let next = self.release_waiters(tx, keep_one);
+        // A thread running a chain in order (`next` is the following transaction) wakes the
+        // committer only every WAKE_BATCH transactions; anything else wakes it as soon as the
+        // transaction it waits for is done.
+        let at = self.wake_committer_at.load(Ordering::Acquire);
+        let wake = tx as usize >= at
+            || (at != usize::MAX
+                && tx as usize == self.awaited.load(Ordering::Acquire)
+                && next != Some(tx + 1));
+        if wake && self.wake_committer_at.swap(usize::MAX, Ordering::AcqRel) != usize::MAX {
+            self.committer.unpark();
+        }
+        next
+    }
+
+    /// Marks `tx` committed (its status may have been RUNNING or DONE) and releases anything
+    /// still parked on it.
+    pub(crate) fn committed(&self, tx: TxIdx) {
+        self.status[tx as usize].store(COMMITTED, Ordering::Release);
+        self.release_waiters(tx, false);
+    }
+
+    fn release_waiters(&self, tx: TxIdx, keep_one: bool) -> Option<TxIdx> {
+        let mut woken = std::mem::take(&mut *lock(&self.waiters[tx as usize]));
+        if woken.is_empty() {
+            return None;
+        }
+        woken.sort_unstable();
+        let mut kept = None;
+        let mut queued = Vec::new();
+        for w in woken {
+            if self.status(w) != PENDING || !self.deps_ready_or_park(w) {
+                continue;
+            }
+            if keep_one && kept.is_none() && self.try_claim(w) {
+                kept = Some(w);
+            } else {
+                queued.push(w);
+            }
+        }
+        if !queued.is_empty() {
+            let mut ready = lock(&self.ready);
+            ready.extend(queued.into_iter().map(Reverse));
+            self.ready_len.store(ready.len(), Ordering::Release);
+            self.idle.notify_all();
+        }
+        kept
+    }
+
+    /// The committer's outcome of `tx`, once DONE.
+    pub(crate) fn take_outcome(&self, tx: TxIdx) -> Option<Box<SpecOutcome>> {
+        lock(&self.outcomes[tx as usize]).take()
+    }
+
+    /// A worker with nothing to do waits for work or the end of the block. Before sleeping it
+    /// wakes the committer, which may be waiting for a batch that will not fill.
+    pub(crate) fn idle_wait(&self) {
+        if self.wake_committer_at.swap(usize::MAX, Ordering::AcqRel) != usize::MAX {
+            self.committer.unpark();
+        }
+        let ready = lock(&self.ready);
+        if ready.is_empty() && !self.stopped() {
+            let _unused = self
+                .idle
+                .wait_timeout(ready, Duration::from_micros(500))
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The committer waits for `tx` (RUNNING in a worker) to become DONE: first spinning
+    /// briefly, then parking until a batch beyond it is done.
+    pub(crate) fn committer_wait(&self, tx: TxIdx) {
+        for _ in 0..200 {
+            if self.status(tx) != RUNNING || self.stopped() {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        let target = (tx as usize + WAKE_BATCH).min(self.n - 1);
+        self.awaited.store(tx as usize, Ordering::Release);
+        self.wake_committer_at.store(target, Ordering::Release);
+        // Re-check after publishing the target: a finish before this point may have missed it.
+        if self.status(tx) == RUNNING && self.status(target as TxIdx) < DONE && !self.stopped() {
+            std::thread::park_timeout(Duration::from_micros(300));
+        }
+        self.wake_committer_at.store(usize::MAX, Ordering::Release);
+    }
+}

@@ -1,0 +1,501 @@
+//! Speculative execution of one transaction against the multi-version memory.
+//!
+//! The EVM is alloy-evm's own (same context, same precompiles) driven by a handler that differs
+//! from revm's mainnet handler in one point: while it pays the block's beneficiary its fee, the
+//! database knows it, so that load of the coinbase is recorded as a lazy read (the fee is rebased
+//! onto the exact coinbase balance at commit) instead of a read that every transaction would
+//! conflict on.
+
+use super::mv::{AccountRead, Location, MvMemory, MvValue, StorageRead, TxIdx};
+use crate::StateReader;
+use alloy_consensus::{TxEnvelope, transaction::Recovered};
+use alloy_evm::{
+    EvmEnv, ToTxEnv,
+    eth::{EthEvmBuilder, EthEvmContext},
+    precompiles::PrecompilesMap,
+};
+use alloy_primitives::{Address, B256, Bloom, U256, map::HashMap};
+use revm::{
+    Database,
+    bytecode::Bytecode,
+    context::{ContextSetters, ContextTr, JournalTr, TxEnv},
+    context_interface::result::{EVMError, ExecutionResult, HaltReason, InvalidTransaction},
+    database_interface::DBErrorMarker,
+    handler::{
+        EthFrame, EvmTr, FrameResult, Handler, instructions::EthInstructions, post_execution,
+    },
+    inspector::NoOpInspector,
+    interpreter::interpreter::EthInterpreter,
+    primitives::KECCAK_EMPTY,
+    state::{AccountInfo, EvmState},
+};
+use std::sync::{PoisonError, RwLock};
+
+/// The account fields a transaction's result can depend on. The code follows from the hash,
+/// but whether the answer carried it does matter: the journal keeps the `code` field as it got
+/// it, and the bundle records a contract from the final `code` field when the hash changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Observed {
+    pub balance: U256,
+    pub nonce: u64,
+    pub code_hash: B256,
+    pub has_code: bool,
+}
+
+impl Observed {
+    pub(crate) fn of(info: &Option<AccountInfo>) -> Option<Self> {
+        info.as_ref().map(Self::from_info)
+    }
+
+    pub(crate) fn from_info(i: &AccountInfo) -> Self {
+        Self {
+            balance: i.balance,
+            nonce: i.nonce,
+            code_hash: i.code_hash,
+            has_code: i.code.is_some(),
+        }
+    }
+}
+
+/// How an account read is validated at commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadMode {
+    /// Every field (and existence) must be unchanged.
+    Strict,
+    /// The coinbase, loaded only to pay the fee: any value works, the fee is rebased.
+    LazyCoinbase,
+    /// A code-less recipient of a plain transfer: only "still has no code" must hold; the
+    /// transferred value is rebased onto its balance.
+    LazyRecipient,
+}
+
+/// One database read of a speculative execution.
+#[derive(Debug, Clone)]
+pub(crate) enum Read {
+    Account {
+        address: Address,
+        observed: Option<Observed>,
+        mode: ReadMode,
+        /// What the pre-state reader returned, when nothing in the block had written the
+        /// account yet: the committer seeds `revm::State`'s cache with it instead of reading the
+        /// pre-state a second time.
+        base: Option<Option<AccountInfo>>,
+    },
+    Storage {
+        address: Address,
+        slot: U256,
+        value: U256,
+        /// The value came from the pre-state reader (see `Account::base`).
+        base: bool,
+    },
+}
+
+/// Why the speculative database refused a read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SpecDbError {
+    /// A value below the reader is being re-executed.
+    #[error("blocked on transaction {0}")]
+    Blocked(TxIdx),
+    /// The pre-state reader failed; the committer re-executes and reports the real error.
+    #[error("state read failed: {0}")]
+    Db(String),
+}
+impl DBErrorMarker for SpecDbError {}
+
+/// Bytecode deployed by transactions of this block, by hash. Content-addressed, so a
+/// speculative insert that is later discarded can never be wrong. The lock guards the map.
+#[derive(Debug, Default)]
+pub(crate) struct NewCode(RwLock<HashMap<B256, Bytecode>>);
+
+impl NewCode {
+    fn get(&self, hash: &B256) -> Option<Bytecode> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(hash)
+            .cloned()
+    }
+    pub(crate) fn insert(&self, hash: B256, code: Bytecode) {
+        self.0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(hash)
+            .or_insert(code);
+    }
+}
+
+/// Per-block facts every speculative execution shares.
+#[derive(Debug)]
+pub(crate) struct SpecShared<'a, DB> {
+    pub db: &'a DB,
+    pub mv: &'a MvMemory,
+    pub new_code: &'a NewCode,
+    pub coinbase: Address,
+    pub lazy_coinbase: bool,
+}
+
+/// The database a speculative EVM reads: multi-version memory over the pre-state, recording
+/// every read.
+#[derive(Debug)]
+pub(crate) struct SpecDb<'a, DB> {
+    shared: &'a SpecShared<'a, DB>,
+    tx: TxIdx,
+    lazy_recipient: Option<Address>,
+    /// Set by the handler around the fee payment only.
+    reward_phase: bool,
+    reads: Vec<Read>,
+    blocked: Option<TxIdx>,
+    failed: bool,
+    /// Code by hash, per thread: code never changes under a hash.
+    code_cache: HashMap<B256, Bytecode>,
+}
+
+impl<DB: StateReader> SpecDb<'_, DB> {
+    fn db_err(&mut self, e: impl std::fmt::Display) -> SpecDbError {
+        self.failed = true;
+        SpecDbError::Db(e.to_string())
+    }
+
+    /// The account as transaction `tx` sees it, and the pre-state value when that is what it
+    /// is.
+    #[allow(clippy::type_complexity)]
+    fn resolve_account(
+        &mut self,
+        address: Address,
+    ) -> Result<(Option<AccountInfo>, Option<Option<AccountInfo>>), SpecDbError> {
+        match self.shared.mv.read_account(address, self.tx) {
+            AccountRead::Value(info) => Ok((info, None)),
+            AccountRead::Blocked(tx) => {
+                self.blocked = Some(tx);
+                Err(SpecDbError::Blocked(tx))
+            }
+            AccountRead::Base { delta } => {
+                let base = self
+                    .shared
+                    .db
+                    .basic_ref(address)
+                    .map_err(|e| self.db_err(e))?;
+                if delta.is_zero() {
+                    return Ok((base.clone(), Some(base)));
+                }
+                Ok((
+                    Some(match base {
+                        Some(mut info) => {
+                            info.balance = info.balance.saturating_add(delta);
+                            info
+                        }
+                        // Lazy credits created the account.
+                        None => AccountInfo {
+                            balance: delta,
+                            ..Default::default()
+                        },
+                    }),
+                    None,
+                ))
+            }
+        }
+    }
+}
+
+impl<DB: StateReader> Database for SpecDb<'_, DB> {
+    type Error = SpecDbError;
+
+    fn basic(&mut self, address: Address) -> Result<Option<AccountInfo>, Self::Error> {
+        if self.reward_phase && self.shared.lazy_coinbase && address == self.shared.coinbase {
+            // The coinbase is never published to the multi-version memory; its base value is
+            // only the anchor the fee delta is measured from.
+            let info = self
+                .shared
+                .db
+                .basic_ref(address)
+                .map_err(|e| self.db_err(e))?;
+            self.reads.push(Read::Account {
+                address,
+                observed: Observed::of(&info),
+                mode: ReadMode::LazyCoinbase,
+                base: Some(info.clone()),
+            });
+            return Ok(info);
+        }
+        let (info, base) = self.resolve_account(address)?;
+        let lazy = self.lazy_recipient == Some(address)
+            && info.as_ref().is_none_or(|i| i.code_hash == KECCAK_EMPTY);
+        let mode = if lazy {
+            ReadMode::LazyRecipient
+        } else {
+            ReadMode::Strict
+        };
+        self.reads.push(Read::Account {
+            address,
+            observed: Observed::of(&info),
+            mode,
+            base,
+        });
+        Ok(info)
+    }
+
+    fn code_by_hash(&mut self, code_hash: B256) -> Result<Bytecode, Self::Error> {
+        if let Some(code) = self.code_cache.get(&code_hash) {
+            return Ok(code.clone());
+        }
+        let code = match self.shared.new_code.get(&code_hash) {
+            Some(code) => code,
+            None => self
+                .shared
+                .db
+                .code_by_hash_ref(code_hash)
+                .map_err(|e| self.db_err(e))?,
+        };
+        // Validation trusts code to follow from its hash, so a hash this block deployed but we
+        // do not know yet must not run as whatever the reader answers for unknown hashes.
+        if code.is_empty() && code_hash != KECCAK_EMPTY {
+            self.failed = true;
+        }
+        self.code_cache.insert(code_hash, code.clone());
+        Ok(code)
+    }
+
+    fn storage(&mut self, address: Address, slot: U256) -> Result<U256, Self::Error> {
+        let (value, base) = match self.shared.mv.read_storage(address, slot, self.tx) {
+            StorageRead::Value(v) => (v, false),
+            StorageRead::Blocked(tx) => {
+                self.blocked = Some(tx);
+                return Err(SpecDbError::Blocked(tx));
+            }
+            StorageRead::Base => (
+                self.shared
+                    .db
+                    .storage_ref(address, slot)
+                    .map_err(|e| self.db_err(e))?,
+                true,
+            ),
+        };
+        self.reads.push(Read::Storage {
+            address,
+            slot,
+            value,
+            base,
+        });
+        Ok(value)
+    }
+
+    fn block_hash(&mut self, number: u64) -> Result<B256, Self::Error> {
+        // Ancestor hashes do not change within a block.
+        self.shared
+            .db
+            .block_hash_ref(number)
+            .map_err(|e| self.db_err(e))
+    }
+}
+
+type SpecCtx<'a, DB> = EthEvmContext<SpecDb<'a, DB>>;
+type SpecEvm<'a, DB> = revm::context::Evm<
+    SpecCtx<'a, DB>,
+    NoOpInspector,
+    EthInstructions<EthInterpreter, SpecCtx<'a, DB>>,
+    PrecompilesMap,
+    EthFrame,
+>;
+
+/// revm's mainnet handler, except that the database is told when the fee is being paid.
+struct SpecHandler<'a, DB>(std::marker::PhantomData<SpecDb<'a, DB>>);
+
+impl<'a, DB: StateReader> Handler for SpecHandler<'a, DB> {
+    type Evm = SpecEvm<'a, DB>;
+    type Error = EVMError<SpecDbError, InvalidTransaction>;
+    type HaltReason = HaltReason;
+
+    fn reward_beneficiary(
+        &self,
+        evm: &mut Self::Evm,
+        exec_result: &mut FrameResult,
+    ) -> Result<(), Self::Error> {
+        evm.ctx().db_mut().reward_phase = true;
+        let paid = post_execution::reward_beneficiary(evm.ctx(), exec_result.gas());
+        evm.ctx().db_mut().reward_phase = false;
+        paid.map_err(From::from)
+    }
+}
+
+/// A finished speculative execution.
+#[derive(Debug)]
+pub(crate) struct SpecExec {
+    pub result: ExecutionResult<HaltReason>,
+    pub state: EvmState,
+    /// Bloom of the logs, computed here so the committer does not.
+    pub bloom: Bloom,
+}
+
+/// What the committer needs from a speculative execution.
+#[derive(Debug)]
+pub(crate) struct SpecOutcome {
+    pub reads: Vec<Read>,
+    /// `None` when the execution failed (invalid transaction, database error): the committer
+    /// re-executes it exactly and reports whatever the exact execution says.
+    pub exec: Option<SpecExec>,
+    /// Locations published to the multi-version memory for this transaction.
+    pub written: Vec<Location>,
+}
+
+/// Result of one attempt.
+pub(crate) enum SpecRun {
+    /// A value it needs is being re-executed by the committer: retry after that commits.
+    Blocked(TxIdx),
+    /// Executed (successfully or not); the writes are to be published.
+    Done(Box<SpecOutcome>, Vec<(Location, MvValue)>),
+}
+
+/// One thread's speculative EVM, reused for every transaction it runs in the block.
+pub(crate) struct Speculator<'a, DB: StateReader> {
+    evm: SpecEvm<'a, DB>,
+}
+
+impl<'a, DB: StateReader> Speculator<'a, DB> {
+    pub(crate) fn new(shared: &'a SpecShared<'a, DB>, env: EvmEnv) -> Self {
+        let db = SpecDb {
+            shared,
+            tx: 0,
+            lazy_recipient: None,
+            reward_phase: false,
+            reads: Vec::new(),
+            blocked: None,
+            failed: false,
+            code_cache: HashMap::default(),
+        };
+        Self {
+            evm: EthEvmBuilder::new(db, env).build().into_inner(),
+        }
+    }
+
+    /// Executes transaction `index` speculatively.
+    pub(crate) fn run(
+        &mut self,
+        index: TxIdx,
+        tx: &Recovered<TxEnvelope>,
+        lazy_recipient: Option<Address>,
+    ) -> SpecRun {
+        {
+            let db = self.evm.ctx().db_mut();
+            db.tx = index;
+            db.lazy_recipient = lazy_recipient;
+            db.reward_phase = false;
+            db.reads = Vec::with_capacity(8);
+            db.blocked = None;
+            db.failed = false;
+        }
+        let tx_env: TxEnv = tx.to_tx_env();
+        self.evm.ctx().set_tx(tx_env);
+        let result = SpecHandler(std::marker::PhantomData).run(&mut self.evm);
+        let state = self.evm.ctx().journal_mut().finalize();
+        let db = self.evm.ctx().db_mut();
+        if let Some(tx) = db.blocked {
+            return SpecRun::Blocked(tx);
+        }
+        let reads = std::mem::take(&mut db.reads);
+        let shared = db.shared;
+        match result {
+            Ok(result) if !db.failed => {
+                let mut writes = Vec::with_capacity(state.len() + 2);
+                extract_writes(&state, &reads, shared, &mut writes);
+                let bloom = result.logs().iter().collect();
+                let written = writes.iter().map(|(l, _)| *l).collect();
+                SpecRun::Done(
+                    Box::new(SpecOutcome {
+                        reads,
+                        exec: Some(SpecExec {
+                            result,
+                            state,
+                            bloom,
+                        }),
+                        written,
+                    }),
+                    writes,
+                )
+            }
+            _ => SpecRun::Done(
+                Box::new(SpecOutcome {
+                    reads,
+                    exec: None,
+                    written: Vec::new(),
+                }),
+                Vec::new(),
+            ),
+        }
+    }
+}
+
+/// The multi-version writes of a transaction's state changes. The coinbase is never published
+/// (its fee is settled at commit); an account credited lazily is published as a delta.
+pub(crate) fn extract_writes<DB>(
+    state: &EvmState,
+    reads: &[Read],
+    shared: &SpecShared<'_, DB>,
+    out: &mut Vec<(Location, MvValue)>,
+) {
+    for (address, account) in state {
+        if !account.is_touched() || *address == shared.coinbase {
+            continue;
+        }
+        let address = *address;
+        if account.is_selfdestructed() {
+            out.push((Location::Account(address), MvValue::Account(None)));
+            out.push((Location::Wipe(address), MvValue::Wipe));
+            continue;
+        }
+        if account.is_created() {
+            if let Some(code) = &account.info.code {
+                shared.new_code.insert(account.info.code_hash, code.clone());
+            }
+            out.push((
+                Location::Account(address),
+                MvValue::Account(Some(account.info.clone())),
+            ));
+            out.push((Location::Wipe(address), MvValue::Wipe));
+        } else if account.is_empty() {
+            // EIP-161: a touched empty account is removed with its storage (the journal has
+            // already normalised pre-Spurious-Dragon accounts so that this rule applies).
+            out.push((Location::Account(address), MvValue::Account(None)));
+            out.push((Location::Wipe(address), MvValue::Wipe));
+            continue;
+        } else {
+            let read = reads.iter().find_map(|r| match r {
+                Read::Account {
+                    address: a,
+                    observed,
+                    mode,
+                    ..
+                } if *a == address => Some((*observed, *mode)),
+                _ => None,
+            });
+            let now = Observed::from_info(&account.info);
+            // New code without creation: an EIP-7702 delegation set or cleared.
+            if read.is_none_or(|(o, _)| o.is_none_or(|o| o.code_hash != now.code_hash))
+                && let Some(code) = &account.info.code
+                && !code.is_empty()
+            {
+                shared.new_code.insert(account.info.code_hash, code.clone());
+            }
+            match read {
+                Some((observed, ReadMode::LazyRecipient)) => {
+                    let before = observed.map(|o| o.balance).unwrap_or_default();
+                    let value = match account.info.balance.checked_sub(before) {
+                        Some(delta) => MvValue::Delta(delta),
+                        None => MvValue::Account(Some(account.info.clone())),
+                    };
+                    out.push((Location::Account(address), value));
+                }
+                Some((observed, _)) if observed == Some(now) => {}
+                _ => out.push((
+                    Location::Account(address),
+                    MvValue::Account(Some(account.info.clone())),
+                )),
+            }
+        }
+        for (slot, value) in account.changed_storage_slots() {
+            out.push((
+                Location::Storage(address, *slot),
+                MvValue::Storage(value.present_value),
+            ));
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Invalid transactions (the parallel executor must reject the block with the sequential
+//! executor's exact error), scheduler stress (one conflicting block executed hundreds of times
+//! across thread counts must always give the same output), and worker panics (a panic becomes
+//! `ExecutionError::WorkerPanic`, never a hang or a crash).
+
+mod common;
+
+use alloy_consensus::{Header, TxEip1559, TxEnvelope, transaction::Recovered};
+use alloy_primitives::{Address, Bytes, TxKind, U256};
+use common::{CHAIN_ID, Fork, Gen, Key, assert_equal, parallel};
+use overdrive_executor::{BlockExecutor, ExecutionError, SequentialExecutor};
+use overdrive_primitives::{MemState, RecoveredBlock};
+use rand::Rng;
+use revm::{
+    DatabaseRef,
+    bytecode::Bytecode,
+    primitives::{B256, StorageKey, StorageValue},
+    state::AccountInfo,
+};
+
+fn transfer(
+    key: &Key,
+    nonce: u64,
+    to: Address,
+    value: U256,
+    gas_limit: u64,
+) -> Recovered<TxEnvelope> {
+    key.sign(TxEip1559 {
+        chain_id: CHAIN_ID,
+        nonce,
+        gas_limit,
+        max_fee_per_gas: 10_000,
+        max_priority_fee_per_gas: 3,
+        to: TxKind::Call(to),
+        value,
+        access_list: Default::default(),
+        input: Bytes::new(),
+    })
+}
+
+fn block_of(txs: Vec<Recovered<TxEnvelope>>, gas_limit: u64) -> RecoveredBlock {
+    let header = Header {
+        number: 9,
+        gas_limit,
+        timestamp: 2_000,
+        base_fee_per_gas: Some(7),
+        beneficiary: Address::new([0xcb; 20]),
+        parent_beacon_block_root: Some(B256::ZERO),
+        excess_blob_gas: Some(0),
+        blob_gas_used: Some(0),
+        ..Default::default()
+    };
+    RecoveredBlock::from_parts(header, txs, Vec::new(), Some(Vec::new()))
+}
+
+/// A block of `n` transfers (with many conflicts: few senders, one hot recipient), with one
+/// transaction at `bad` replaced by `make_bad`.
+fn block_with_bad(
+    generator: &Gen,
+    state: &MemState,
+    n: usize,
+    bad: usize,
+    make_bad: impl Fn(&Key, u64) -> Recovered<TxEnvelope>,
+    gas_limit: u64,
+) -> RecoveredBlock {
+    let mut nonces = vec![0u64; generator.senders.len()];
+    for (i, k) in generator.senders.iter().enumerate() {
+        nonces[i] = state.accounts[&k.address].info.nonce;
+    }
+    let txs = (0..n)
+        .map(|i| {
+            let s = i % 5;
+            let key = &generator.senders[s];
+            let nonce = nonces[s];
+            nonces[s] += 1;
+            if i == bad {
+                make_bad(key, nonce)
+            } else {
+                let to = if i % 3 == 0 {
+                    generator.hot
+                } else {
+                    generator.senders[(i + 7) % 20].address
+                };
+                transfer(key, nonce, to, U256::from(1_000 + i), 21_000)
+            }
+        })
+        .collect();
+    block_of(txs, gas_limit)
+}
+
+#[test]
+fn invalid_transactions_give_the_sequential_error() {
+    let (generator, mut state) = Gen::new(Fork::Prague, 77);
+    // A poor sender: enough for gas of one transfer, not for a large value.
+    let poor = Key::new(77, 999);
+    state.insert_account(
+        poor.address,
+        U256::from(500_000_000u64),
+        0,
+        None,
+        Default::default(),
+    );
+    let executors = [parallel(2), parallel(3), parallel(4)];
+    let n = 120;
+    for bad in [0, 1, 37, 60, n - 2, n - 1] {
+        let cases: Vec<(&str, RecoveredBlock)> = vec![
+            (
+                "nonce gap",
+                block_with_bad(
+                    &generator,
+                    &state,
+                    n,
+                    bad,
+                    |k, nonce| transfer(k, nonce + 1, generator.hot, U256::from(1), 21_000),
+                    30_000_000,
+                ),
+            ),
+            (
+                "nonce too low",
+                block_with_bad(
+                    &generator,
+                    &state,
+                    n,
+                    bad,
+                    |k, nonce| {
+                        transfer(
+                            k,
+                            if nonce == 0 { 5 } else { nonce - 1 },
+                            generator.hot,
+                            U256::from(1),
+                            21_000,
+                        )
+                    },
+                    30_000_000,
+                ),
+            ),
+            (
+                "insufficient funds",
+                block_with_bad(
+                    &generator,
+                    &state,
+                    n,
+                    bad,
+                    |_, _| transfer(&poor, 0, generator.hot, U256::from(10u64.pow(18)), 21_000),
+                    30_000_000,
+                ),
+            ),
+            (
+                "gas above remaining block gas",
+                block_with_bad(
+                    &generator,
+                    &state,
+                    n,
+                    bad,
+                    |k, nonce| transfer(k, nonce, generator.hot, U256::from(1), 25_000_000),
+                    21_000 * n as u64 + 100_000,
+                ),
+            ),
+        ];
+        for (what, block) in cases {
+            let expected = SequentialExecutor.execute(&generator.spec, &block, &state);
+            assert!(
+                expected.is_err(),
+                "{what} at {bad}: the block should be invalid"
+            );
+            for executor in &executors {
+                let actual = executor.execute(&generator.spec, &block, &state);
+                assert_eq!(actual, expected, "{what} at {bad}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_same_conflicting_block_always_gives_the_same_output() {
+    let (mut generator, mut state) = Gen::new(Fork::Cancun, 4242);
+    // Let a few blocks create and destroy things first.
+    for _ in 0..3 {
+        let block = generator.block(&state, 40);
+        let out = SequentialExecutor
+            .execute(&generator.spec, &block, &state)
+            .expect("valid");
+        state.apply_bundle(&out.bundle);
+        state.block_hashes.insert(block.number(), block.hash);
+    }
+    let block = generator.block(&state, 150);
+    let expected = SequentialExecutor
+        .execute(&generator.spec, &block, &state)
+        .expect("valid");
+    let rounds = if std::env::var("OVERDRIVE_SOAK").is_ok() {
+        2_000
+    } else {
+        150
+    };
+    for threads in [2, 3, 4, 8] {
+        let executor = parallel(threads);
+        for round in 0..rounds {
+            let actual = executor
+                .execute(&generator.spec, &block, &state)
+                .expect("valid");
+            assert!(
+                actual == expected,
+                "threads {threads} round {round}: output differs:\n{}",
+                common::describe_diff(&expected, &actual)
+            );
+        }
+    }
+}
+
+#[test]
+fn random_thread_counts_and_thresholds() {
+    let (mut generator, mut state) = Gen::new(Fork::Shanghai, 99);
+    for b in 0..30 {
+        let n = generator.rng.random_range(0..80);
+        let block = generator.block(&state, n);
+        let threads = generator.rng.random_range(1..6);
+        let executor =
+            overdrive_executor::ParallelExecutor::new(overdrive_executor::ParallelConfig {
+                threads,
+                min_txs_for_parallel: generator.rng.random_range(0..40),
+                ..Default::default()
+            });
+        let out = assert_equal(
+            &executor,
+            &generator.spec,
+            &block,
+            &state,
+            &format!("block {b}"),
+        )
+        .expect("valid");
+        state.apply_bundle(&out.bundle);
+        state.block_hashes.insert(block.number(), block.hash);
+    }
+}
+
+/// A pre-state reader that panics when one address is read.
+#[derive(Debug)]
+struct Exploding {
+    inner: MemState,
+    trap: Address,
+}
+
+impl DatabaseRef for Exploding {
+    type Error = <MemState as DatabaseRef>::Error;
+    fn basic_ref(&self, address: Address) -> Result<Option<AccountInfo>, Self::Error> {
+        assert!(address != self.trap, "trap account read");
+        self.inner.basic_ref(address)
+    }
+    fn code_by_hash_ref(&self, code_hash: B256) -> Result<Bytecode, Self::Error> {
+        self.inner.code_by_hash_ref(code_hash)
+    }
+    fn storage_ref(
+        &self,
+        address: Address,
+        index: StorageKey,
+    ) -> Result<StorageValue, Self::Error> {
+        self.inner.storage_ref(address, index)
+    }
+    fn block_hash_ref(&self, number: u64) -> Result<B256, Self::Error> {
+        self.inner.block_hash_ref(number)
+    }
+}
+
+#[test]
+fn a_panicking_worker_rejects_the_block() {
+    let (generator, state) = Gen::new(Fork::Prague, 5);
+    let trap = Address::new([0x99; 20]);
+    let db = Exploding {
+        inner: state.clone(),
+        trap,
+    };
+    for position in [0, 30, 99] {
+        let block = block_with_bad(
+            &generator,
+            &state,
+            100,
+            position,
+            |k, nonce| transfer(k, nonce, trap, U256::from(1), 21_000),
+            30_000_000,
+        );
+        for threads in [2, 4] {
+            let result = parallel(threads).execute(&generator.spec, &block, &db);
+            assert!(
+                matches!(result, Err(ExecutionError::WorkerPanic(ref m)) if m.contains("trap")),
+                "position {position} threads {threads}: {result:?}"
+            );
+        }
+        // The executor stays usable after a panic.
+        let executor = parallel(2);
+        let _ = executor.execute(&generator.spec, &block, &db);
+        let ok = block_with_bad(
+            &generator,
+            &state,
+            100,
+            0,
+            |k, nonce| transfer(k, nonce, generator.hot, U256::from(1), 21_000),
+            30_000_000,
+        );
+        assert_equal(&executor, &generator.spec, &ok, &state, "after panic").expect("valid");
+    }
+}

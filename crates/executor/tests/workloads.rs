@@ -1,0 +1,61 @@
+//! Differential tests on the workload generators (ETH transfers, ERC20, Uniswap V2, hybrid,
+//! chained) at several seeds, skews and thread counts.
+
+mod common;
+
+use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
+
+#[test]
+fn every_workload_equals_sequential() {
+    let soak = std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty());
+    let seeds: &[u64] = if soak {
+        &[1, 2, 3, 4, 5, 6, 7, 8]
+    } else {
+        &[1, 2]
+    };
+    for kind in WorkloadKind::ALL {
+        for &seed in seeds {
+            let config = WorkloadConfig {
+                kind,
+                accounts: 500,
+                txs_per_block: if soak { 1_000 } else { 250 },
+                blocks: 2,
+                seed,
+                hot_share: 0.3,
+                sender_skew: if seed % 2 == 0 { 0.3 } else { 0.0 },
+                pairs: 12,
+            };
+            let workload = match generate(&config) {
+                Ok(w) => w,
+                Err(e) => panic!("workload {kind} seed {seed}: {e}"),
+            };
+            let executors: Vec<_> = [2, 3].into_iter().map(common::parallel).collect();
+            let mut state = workload.genesis.clone();
+            for block in &workload.blocks {
+                let mut reference = None;
+                for (executor, threads) in executors.iter().zip([2, 3]) {
+                    let what = format!(
+                        "{kind} seed {seed} block {} threads {threads}",
+                        block.number()
+                    );
+                    reference = Some(common::assert_equal(
+                        executor,
+                        &workload.chain_spec,
+                        block,
+                        &state,
+                        &what,
+                    ));
+                }
+                let output = reference
+                    .expect("executors")
+                    .expect("workload blocks are valid");
+                assert!(
+                    output.receipts.iter().all(|r| r.status()),
+                    "{kind}: a transaction reverted"
+                );
+                state.apply_bundle(&output.bundle);
+                state.block_hashes.insert(block.number(), block.hash);
+            }
+        }
+    }
+}
