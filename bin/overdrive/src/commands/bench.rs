@@ -1,6 +1,8 @@
 use clap::{Args, Subcommand};
 use eyre::WrapErr;
-use overdrive_executor::{BlockExecutor, BlockOutput, SequentialExecutor};
+use overdrive_executor::{
+    BlockExecutor, BlockOutput, ParallelConfig, ParallelExecutor, SequentialExecutor,
+};
 use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use serde::Serialize;
@@ -44,6 +46,9 @@ pub struct ExecArgs {
     /// Uniswap workload: number of independent pairs.
     #[arg(long, default_value_t = 300)]
     pairs: usize,
+    /// Blocks with fewer transactions take the parallel executor's sequential path.
+    #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_TXS_FOR_PARALLEL)]
+    min_parallel_txs: usize,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -75,6 +80,13 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
 struct Timing {
     wall: Duration,
     cpu: Duration,
+}
+
+impl Timing {
+    fn add(&mut self, other: Self) {
+        self.wall += other.wall;
+        self.cpu += other.cpu;
+    }
 }
 
 fn process_cpu_time() -> Duration {
@@ -130,39 +142,65 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     tracing::info!(elapsed = ?started.elapsed(), blocks = workload.blocks.len(), "workload generated");
 
     let spec = &workload.chain_spec;
+    let parallel = ParallelExecutor::new(ParallelConfig {
+        threads: args.threads,
+        min_txs_for_parallel: args.min_parallel_txs,
+        ..ParallelConfig::default()
+    });
     let mut state = workload.genesis.clone();
-    let (mut seq, mut txs, mut gas) = (Timing::default(), 0usize, 0u64);
+    let (mut seq, mut par) = (Timing::default(), Timing::default());
+    let (mut txs, mut gas, mut equal) = (0usize, 0u64, true);
     for block in &workload.blocks {
+        // Same block, same pre-state, one after the other in this process.
         let (out, t) = timed(&SequentialExecutor, spec, block, &state, args.repeat)?;
+        let (par_out, p) = timed(&parallel, spec, block, &state, args.repeat)?;
+        let block_equal = par_out == out;
+        if !block_equal {
+            tracing::error!(
+                block = block.number(),
+                "parallel output differs from sequential"
+            );
+        }
+        equal &= block_equal;
         let failed = out.receipts.iter().filter(|r| !r.status()).count();
         if failed > 0 {
             tracing::warn!(block = block.number(), failed, "transactions reverted");
         }
-        seq.wall += t.wall;
-        seq.cpu += t.cpu;
+        seq.add(t);
+        par.add(p);
         txs += block.transactions.len();
         gas += out.gas_used;
         tracing::info!(
             block = block.number(),
-            ms = t.wall.as_secs_f64() * 1e3,
+            sequential_ms = t.wall.as_secs_f64() * 1e3,
+            parallel_ms = p.wall.as_secs_f64() * 1e3,
             "executed"
         );
         state.apply_bundle(&out.bundle);
     }
 
-    let secs = seq.wall.as_secs_f64();
     let blocks = workload.blocks.len().max(1) as f64;
     println!(
         "{:>12} {:>12} {:>10} {:>10} {:>10}",
         "executor", "tx/s", "MGas/s", "ms/block", "cpu ms"
     );
+    for (name, t) in [("sequential", seq), ("parallel", par)] {
+        let secs = t.wall.as_secs_f64();
+        println!(
+            "{:>12} {:>12.0} {:>10.1} {:>10.2} {:>10.1}",
+            name,
+            txs as f64 / secs,
+            gas as f64 / secs / 1e6,
+            secs * 1e3 / blocks,
+            t.cpu.as_secs_f64() * 1e3,
+        );
+    }
+    let speedup = seq.wall.as_secs_f64() / par.wall.as_secs_f64();
+    let cpu_ratio = par.cpu.as_secs_f64() / seq.cpu.as_secs_f64();
     println!(
-        "{:>12} {:>12.0} {:>10.1} {:>10.2} {:>10.1}",
-        "sequential",
-        txs as f64 / secs,
-        gas as f64 / secs / 1e6,
-        secs * 1e3 / blocks,
-        seq.cpu.as_secs_f64() * 1e3,
+        "speedup {speedup:.2}x, cpu ratio {cpu_ratio:.2}, threads {}, outputs {}",
+        args.threads,
+        if equal { "equal" } else { "DIFFER" }
     );
     let report = ExecReport {
         bench: "exec",
@@ -170,14 +208,17 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         accounts: args.accounts,
         txs: args.txs,
         threads: args.threads,
-        sequential_tx_per_s: txs as f64 / secs,
-        parallel_tx_per_s: None,
-        speedup: None,
-        cpu_ratio: None,
-        equal: None,
+        sequential_tx_per_s: txs as f64 / seq.wall.as_secs_f64(),
+        parallel_tx_per_s: Some(txs as f64 / par.wall.as_secs_f64()),
+        speedup: Some(speedup),
+        cpu_ratio: Some(cpu_ratio),
+        equal: Some(equal),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
+    }
+    if !equal {
+        eyre::bail!("parallel output differs from sequential");
     }
     Ok(())
 }
