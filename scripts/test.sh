@@ -11,4 +11,7 @@ bash scripts/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
-cargo run --locked -q -p overdrive -- ef-tests "$FIXTURES/BlockchainTests"
+# The fixtures twice: the references alone, then every overdrive component at once.
+cargo build --locked -q -p overdrive
+./target/debug/overdrive ef-tests "$FIXTURES/BlockchainTests" --executor sequential --state-root reference
+./target/debug/overdrive ef-tests "$FIXTURES/BlockchainTests" --executor parallel --threads 2 --state-root overdrive

@@ -12,6 +12,31 @@ use std::time::{Duration, Instant};
 pub enum BenchCommand {
     /// Block execution: every executor on the same generated blocks, in one run.
     Exec(ExecArgs),
+    /// State root: full rebuild, reth-style incremental, and overdrive's trie on 1 and N
+    /// threads, on the same ERC20-shaped update sets.
+    Trie(TrieArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TrieArgs {
+    /// Accounts in the state (the token's storage holds one balance slot per account).
+    #[arg(long, default_value_t = 100_000)]
+    accounts: usize,
+    /// Measured blocks (one more warms up).
+    #[arg(long, default_value_t = 10)]
+    blocks: usize,
+    /// Threads of overdrive's parallel run.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Token transfers per block (each changes a sender account and two token slots).
+    #[arg(long, default_value_t = 6_000)]
+    transfers: usize,
+    /// Seed of the state and the update sets.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print a JSON object as the last line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -72,7 +97,27 @@ struct ExecReport {
 pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
     match cmd {
         BenchCommand::Exec(args) => exec(args),
+        BenchCommand::Trie(args) => trie(args),
     }
+}
+
+fn trie(args: TrieArgs) -> eyre::Result<()> {
+    let config = overdrive_trie::bench::TrieBenchConfig {
+        accounts: args.accounts,
+        blocks: args.blocks,
+        threads: args.threads,
+        transfers: args.transfers,
+        seed: args.seed,
+    };
+    let report = overdrive_trie::bench::run(&config)?;
+    println!("{report}");
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    if !report.roots_equal {
+        eyre::bail!("state roots differ between the four methods");
+    }
+    Ok(())
 }
 
 /// Wall and CPU time of one timed execution.
