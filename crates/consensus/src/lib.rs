@@ -7,7 +7,10 @@
 use alloy_consensus::{
     BlockHeader, EMPTY_OMMER_ROOT_HASH, Header, ReceiptEnvelope, Transaction, TxReceipt,
     constants::MAXIMUM_EXTRA_DATA_SIZE,
-    proofs::{calculate_ommers_root, calculate_receipt_root, calculate_transaction_root, calculate_withdrawals_root},
+    proofs::{
+        calculate_ommers_root, calculate_receipt_root, calculate_transaction_root,
+        calculate_withdrawals_root,
+    },
 };
 use alloy_eips::{
     eip1559::{GAS_LIMIT_BOUND_DIVISOR, INITIAL_BASE_FEE},
@@ -46,10 +49,16 @@ pub enum ConsensusError {
     ProofOfWorkField(&'static str),
     /// Wrong EIP-1559 base fee.
     #[error("base fee {got:?}, expected {expected:?}")]
-    BaseFee { got: Option<u64>, expected: Option<u64> },
+    BaseFee {
+        got: Option<u64>,
+        expected: Option<u64>,
+    },
     /// A header field present or absent against the fork schedule.
     #[error("header field {field} is {state} at this fork")]
-    ForkField { field: &'static str, state: &'static str },
+    ForkField {
+        field: &'static str,
+        state: &'static str,
+    },
     /// Wrong EIP-4844 excess blob gas.
     #[error("excess blob gas {got}, expected {expected}")]
     ExcessBlobGas { got: u64, expected: u64 },
@@ -58,7 +67,11 @@ pub enum ConsensusError {
     BlobGasUsed { got: u64, expected: u64, max: u64 },
     /// A committed root or hash does not match the body or the execution result.
     #[error("{what} mismatch: header {header}, computed {computed}")]
-    RootMismatch { what: &'static str, header: B256, computed: B256 },
+    RootMismatch {
+        what: &'static str,
+        header: B256,
+        computed: B256,
+    },
     /// Logs bloom does not match the receipts.
     #[error("logs bloom mismatch")]
     LogsBloom,
@@ -79,18 +92,31 @@ pub enum ConsensusError {
 use ConsensusError as E;
 
 /// Validates a header on its own and against its parent.
-pub fn validate_header(spec: &ChainSpec, header: &Header, parent: &Header) -> Result<(), ConsensusError> {
+pub fn validate_header(
+    spec: &ChainSpec,
+    header: &Header,
+    parent: &Header,
+) -> Result<(), ConsensusError> {
     if header.extra_data.len() > MAXIMUM_EXTRA_DATA_SIZE {
         return Err(E::ExtraDataTooLong(header.extra_data.len()));
     }
     if header.gas_used > header.gas_limit {
-        return Err(E::GasUsedAboveLimit { used: header.gas_used, limit: header.gas_limit });
+        return Err(E::GasUsedAboveLimit {
+            used: header.gas_used,
+            limit: header.gas_limit,
+        });
     }
     if Some(header.number) != parent.number.checked_add(1) {
-        return Err(E::BlockNumber { got: header.number, parent: parent.number });
+        return Err(E::BlockNumber {
+            got: header.number,
+            parent: parent.number,
+        });
     }
     if header.timestamp <= parent.timestamp {
-        return Err(E::Timestamp { got: header.timestamp, parent: parent.timestamp });
+        return Err(E::Timestamp {
+            got: header.timestamp,
+            parent: parent.timestamp,
+        });
     }
     if spec.is_paris_active_at_block(header.number) {
         if !header.difficulty.is_zero() {
@@ -100,18 +126,32 @@ pub fn validate_header(spec: &ChainSpec, header: &Header, parent: &Header) -> Re
             return Err(E::ProofOfWorkField("a non-zero nonce"));
         }
         if header.ommers_hash != EMPTY_OMMER_ROOT_HASH {
-            return Err(E::ProofOfWorkField("an ommers hash other than the empty list's"));
+            return Err(E::ProofOfWorkField(
+                "an ommers hash other than the empty list's",
+            ));
         }
     }
     validate_gas_limit(header, parent)?;
     validate_base_fee(spec, header, parent)?;
     let ts = header.timestamp;
-    presence("withdrawals_root", header.withdrawals_root.is_some(), spec.is_shanghai_active_at_timestamp(ts))?;
+    presence(
+        "withdrawals_root",
+        header.withdrawals_root.is_some(),
+        spec.is_shanghai_active_at_timestamp(ts),
+    )?;
     let cancun = spec.is_cancun_active_at_timestamp(ts);
     presence("blob_gas_used", header.blob_gas_used.is_some(), cancun)?;
     presence("excess_blob_gas", header.excess_blob_gas.is_some(), cancun)?;
-    presence("parent_beacon_block_root", header.parent_beacon_block_root.is_some(), cancun)?;
-    presence("requests_hash", header.requests_hash.is_some(), spec.is_prague_active_at_timestamp(ts))?;
+    presence(
+        "parent_beacon_block_root",
+        header.parent_beacon_block_root.is_some(),
+        cancun,
+    )?;
+    presence(
+        "requests_hash",
+        header.requests_hash.is_some(),
+        spec.is_prague_active_at_timestamp(ts),
+    )?;
     if cancun {
         validate_excess_blob_gas(spec, header, parent)?;
     }
@@ -120,14 +160,23 @@ pub fn validate_header(spec: &ChainSpec, header: &Header, parent: &Header) -> Re
 
 fn presence(field: &'static str, present: bool, required: bool) -> Result<(), ConsensusError> {
     match (present, required) {
-        (true, false) => Err(E::ForkField { field, state: "present" }),
-        (false, true) => Err(E::ForkField { field, state: "missing" }),
+        (true, false) => Err(E::ForkField {
+            field,
+            state: "present",
+        }),
+        (false, true) => Err(E::ForkField {
+            field,
+            state: "missing",
+        }),
         _ => Ok(()),
     }
 }
 
 fn validate_gas_limit(header: &Header, parent: &Header) -> Result<(), ConsensusError> {
-    let err = || E::GasLimit { got: header.gas_limit, parent: parent.gas_limit };
+    let err = || E::GasLimit {
+        got: header.gas_limit,
+        parent: parent.gas_limit,
+    };
     if header.gas_limit < MINIMUM_GAS_LIMIT || header.gas_limit > MAXIMUM_GAS_LIMIT {
         return Err(err());
     }
@@ -138,7 +187,11 @@ fn validate_gas_limit(header: &Header, parent: &Header) -> Result<(), ConsensusE
     Ok(())
 }
 
-fn validate_base_fee(spec: &ChainSpec, header: &Header, parent: &Header) -> Result<(), ConsensusError> {
+fn validate_base_fee(
+    spec: &ChainSpec,
+    header: &Header,
+    parent: &Header,
+) -> Result<(), ConsensusError> {
     if !spec.is_london_active_at_block(header.number) {
         return presence("base_fee_per_gas", header.base_fee_per_gas.is_some(), false);
     }
@@ -148,14 +201,23 @@ fn validate_base_fee(spec: &ChainSpec, header: &Header, parent: &Header) -> Resu
         Some(INITIAL_BASE_FEE)
     };
     if header.base_fee_per_gas != expected || expected.is_none() {
-        return Err(E::BaseFee { got: header.base_fee_per_gas, expected });
+        return Err(E::BaseFee {
+            got: header.base_fee_per_gas,
+            expected,
+        });
     }
     Ok(())
 }
 
-fn validate_excess_blob_gas(spec: &ChainSpec, header: &Header, parent: &Header) -> Result<(), ConsensusError> {
+fn validate_excess_blob_gas(
+    spec: &ChainSpec,
+    header: &Header,
+    parent: &Header,
+) -> Result<(), ConsensusError> {
     let got = header.excess_blob_gas.unwrap_or_default();
-    let params = spec.blob_params_at(header.timestamp).unwrap_or_else(BlobParams::cancun);
+    let params = spec
+        .blob_params_at(header.timestamp)
+        .unwrap_or_else(BlobParams::cancun);
     // The first Cancun block's parent has no blob fields: its excess and usage count as zero.
     let parent_excess = parent.excess_blob_gas.unwrap_or_default();
     let parent_used = parent.blob_gas_used.unwrap_or_default();
@@ -165,7 +227,12 @@ fn validate_excess_blob_gas(spec: &ChainSpec, header: &Header, parent: &Header) 
             parent_used,
             parent.base_fee_per_gas.unwrap_or_default(),
         ),
-        None => return Err(E::ExcessBlobGas { got, expected: u64::MAX }),
+        None => {
+            return Err(E::ExcessBlobGas {
+                got,
+                expected: u64::MAX,
+            });
+        }
     };
     if got != expected {
         return Err(E::ExcessBlobGas { got, expected });
@@ -179,11 +246,19 @@ pub fn validate_body(spec: &ChainSpec, block: &RecoveredBlock) -> Result<(), Con
     let txs: Vec<_> = block.transactions.iter().map(|tx| tx.inner()).collect();
     let tx_root = calculate_transaction_root(&txs);
     if tx_root != header.transactions_root {
-        return Err(E::RootMismatch { what: "transactions root", header: header.transactions_root, computed: tx_root });
+        return Err(E::RootMismatch {
+            what: "transactions root",
+            header: header.transactions_root,
+            computed: tx_root,
+        });
     }
     let ommers_root = calculate_ommers_root(&block.ommers);
     if ommers_root != header.ommers_hash {
-        return Err(E::RootMismatch { what: "ommers hash", header: header.ommers_hash, computed: ommers_root });
+        return Err(E::RootMismatch {
+            what: "ommers hash",
+            header: header.ommers_hash,
+            computed: ommers_root,
+        });
     }
     if spec.is_paris_active_at_block(header.number) && !block.ommers.is_empty() {
         return Err(E::Ommers(block.ommers.len()));
@@ -193,7 +268,11 @@ pub fn validate_body(spec: &ChainSpec, block: &RecoveredBlock) -> Result<(), Con
         (Some(w), Some(root)) if shanghai => {
             let computed = calculate_withdrawals_root(w);
             if computed != root {
-                return Err(E::RootMismatch { what: "withdrawals root", header: root, computed });
+                return Err(E::RootMismatch {
+                    what: "withdrawals root",
+                    header: root,
+                    computed,
+                });
             }
         }
         (None, None) if !shanghai => {}
@@ -201,15 +280,23 @@ pub fn validate_body(spec: &ChainSpec, block: &RecoveredBlock) -> Result<(), Con
         (None, _) => return Err(E::Withdrawals("missing")),
     }
     if let Some(got) = header.blob_gas_used {
-        let params = spec.blob_params_at(header.timestamp).unwrap_or_else(BlobParams::cancun);
+        let params = spec
+            .blob_params_at(header.timestamp)
+            .unwrap_or_else(BlobParams::cancun);
         let mut expected = 0u64;
         for (index, tx) in block.transactions.iter().enumerate() {
             if let Some(hashes) = tx.blob_versioned_hashes() {
                 if hashes.is_empty() {
-                    return Err(E::BlobTransaction { index, reason: "blob transaction without blobs" });
+                    return Err(E::BlobTransaction {
+                        index,
+                        reason: "blob transaction without blobs",
+                    });
                 }
                 if hashes.len() as u64 > params.max_blobs_per_tx {
-                    return Err(E::BlobTransaction { index, reason: "too many blobs in one transaction" });
+                    return Err(E::BlobTransaction {
+                        index,
+                        reason: "too many blobs in one transaction",
+                    });
                 }
                 expected = expected.saturating_add(hashes.len() as u64 * DATA_GAS_PER_BLOB);
             }
@@ -232,11 +319,18 @@ pub fn validate_post_execution(
     requests: &Requests,
 ) -> Result<(), ConsensusError> {
     if gas_used != header.gas_used {
-        return Err(E::GasUsed { header: header.gas_used, executed: gas_used });
+        return Err(E::GasUsed {
+            header: header.gas_used,
+            executed: gas_used,
+        });
     }
     let receipts_root = calculate_receipt_root(receipts);
     if receipts_root != header.receipts_root {
-        return Err(E::RootMismatch { what: "receipts root", header: header.receipts_root, computed: receipts_root });
+        return Err(E::RootMismatch {
+            what: "receipts root",
+            header: header.receipts_root,
+            computed: receipts_root,
+        });
     }
     let bloom = receipts.iter().fold(Bloom::ZERO, |acc, r| acc | r.bloom());
     if bloom != header.logs_bloom {
@@ -246,7 +340,11 @@ pub fn validate_post_execution(
         let computed = requests.requests_hash();
         let header_hash = header.requests_hash().unwrap_or_default();
         if computed != header_hash {
-            return Err(E::RootMismatch { what: "requests hash", header: header_hash, computed });
+            return Err(E::RootMismatch {
+                what: "requests hash",
+                header: header_hash,
+                computed,
+            });
         }
     }
     Ok(())
@@ -255,7 +353,11 @@ pub fn validate_post_execution(
 /// Validates the state root after execution.
 pub fn validate_state_root(header: &Header, computed: B256) -> Result<(), ConsensusError> {
     if computed != header.state_root {
-        return Err(E::RootMismatch { what: "state root", header: header.state_root, computed });
+        return Err(E::RootMismatch {
+            what: "state root",
+            header: header.state_root,
+            computed,
+        });
     }
     Ok(())
 }

@@ -13,5 +13,5 @@ mod traits;
 
 pub use error::ExecutionError;
 pub use parallel::{CommitStats, DEFAULT_MIN_TXS_FOR_PARALLEL, ParallelConfig, ParallelExecutor};
-pub use sequential::{SequentialExecutor, evm_env, execution_ctx};
+pub use sequential::{SequentialExecutor, canonical_reverts, evm_env, execution_ctx};
 pub use traits::{BlockExecutor, BlockOutput, StateReader};

@@ -7,7 +7,7 @@ use alloy_evm::{
     },
 };
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
-use revm::database::{State, states::bundle_state::BundleRetention};
+use revm::database::{BundleState, State, states::bundle_state::BundleRetention};
 use std::borrow::Cow;
 
 /// The reference executor: alloy-evm's `EthBlockExecutor` (with every system call the fork
@@ -40,6 +40,18 @@ pub fn execution_ctx(block: &RecoveredBlock) -> EthBlockExecutionCtx<'_> {
     }
 }
 
+/// Puts the reverts of each block of `bundle` in canonical order: by address.
+///
+/// revm emits a block's reverts in the iteration order of its transition map, which depends on
+/// how the map was filled; an executor that builds the bundle differently (in parallel) would
+/// emit the same reverts in another order. The order carries no meaning (reth sorts reverts by
+/// address when it persists them), so every executor sorts them and outputs compare equal.
+pub fn canonical_reverts(bundle: &mut BundleState) {
+    for block in bundle.reverts.iter_mut() {
+        block.sort_unstable_by_key(|(address, _)| *address);
+    }
+}
+
 impl BlockExecutor for SequentialExecutor {
     fn name(&self) -> &'static str {
         "sequential"
@@ -64,12 +76,14 @@ impl BlockExecutor for SequentialExecutor {
         );
         let result = executor.execute_block(block.transactions.iter())?;
         db.merge_transitions(BundleRetention::Reverts);
+        let mut bundle = db.take_bundle();
+        canonical_reverts(&mut bundle);
         Ok(BlockOutput {
             receipts: result.receipts,
             gas_used: result.gas_used,
             blob_gas_used: result.blob_gas_used,
             requests: result.requests,
-            bundle: db.take_bundle(),
+            bundle,
         })
     }
 }

@@ -38,7 +38,15 @@ pub struct RecoveredBlock {
 impl RecoveredBlock {
     /// Builds a block from parts, recovering senders. Signatures must be canonical (low `s`).
     pub fn recover(block: Block<TxEnvelope>) -> Result<Self, BlockError> {
-        let Block { header, body: BlockBody { transactions, ommers, withdrawals } } = block;
+        let Block {
+            header,
+            body:
+                BlockBody {
+                    transactions,
+                    ommers,
+                    withdrawals,
+                },
+        } = block;
         let transactions = transactions
             .into_iter()
             .enumerate()
@@ -48,7 +56,12 @@ impl RecoveredBlock {
                 Ok(Recovered::new_unchecked(tx, sender))
             })
             .collect::<Result<Vec<_>, BlockError>>()?;
-        Ok(Self::from_parts(header, transactions, ommers, withdrawals.map(|w| w.into_inner())))
+        Ok(Self::from_parts(
+            header,
+            transactions,
+            ommers,
+            withdrawals.map(|w| w.into_inner()),
+        ))
     }
 
     /// Builds a block from already recovered transactions (e.g. the workload generators, which
@@ -60,7 +73,13 @@ impl RecoveredBlock {
         withdrawals: Option<Vec<Withdrawal>>,
     ) -> Self {
         let hash = header.hash_slow();
-        Self { header, transactions, ommers, withdrawals, hash }
+        Self {
+            header,
+            transactions,
+            ommers,
+            withdrawals,
+            hash,
+        }
     }
 
     /// Decodes a full block from RLP (no trailing bytes allowed) and recovers its senders.
@@ -87,7 +106,11 @@ impl RecoveredBlock {
         Block {
             header: self.header.clone(),
             body: BlockBody {
-                transactions: self.transactions.iter().map(|tx| tx.inner().clone()).collect(),
+                transactions: self
+                    .transactions
+                    .iter()
+                    .map(|tx| tx.inner().clone())
+                    .collect(),
                 ommers: self.ommers.clone(),
                 withdrawals: self.withdrawals.clone().map(Into::into),
             },

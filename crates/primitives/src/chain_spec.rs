@@ -78,7 +78,10 @@ impl ChainSpec {
             extra_data: bytes!("11bbe8db4e347b4e8c937c1c8370e4b5ed33adb3db69cbdb7a38e1e50b1b82fa"),
             gas_limit: 5000,
             difficulty: U256::from(17_179_869_184u64),
-            config: ChainConfig { chain_id: 1, ..Default::default() },
+            config: ChainConfig {
+                chain_id: 1,
+                ..Default::default()
+            },
             ..Default::default()
         };
         Self {
@@ -96,14 +99,27 @@ impl ChainSpec {
     /// (what `scripts/setup-genesis.sh` exports from the `@ethereumjs/genesis` npm package).
     pub fn mainnet_with_alloc_file(path: &Path) -> Result<Self, ChainSpecError> {
         let display = path.display().to_string();
-        let bytes = std::fs::read(path)
-            .map_err(|source| ChainSpecError::Io { path: display.clone(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| ChainSpecError::Io {
+            path: display.clone(),
+            source,
+        })?;
         let balances: std::collections::BTreeMap<Address, U256> = serde_json::from_slice(&bytes)
-            .map_err(|source| ChainSpecError::Json { path: display, source })?;
+            .map_err(|source| ChainSpecError::Json {
+                path: display,
+                source,
+            })?;
         let mut spec = Self::mainnet();
         spec.genesis.alloc = balances
             .into_iter()
-            .map(|(a, balance)| (a, GenesisAccount { balance, ..Default::default() }))
+            .map(|(a, balance)| {
+                (
+                    a,
+                    GenesisAccount {
+                        balance,
+                        ..Default::default()
+                    },
+                )
+            })
             .collect();
         Ok(spec)
     }
@@ -116,10 +132,23 @@ impl ChainSpec {
         let funds = U256::from(10u128.pow(24)); // one million ether each
         for i in 0..DEV_ACCOUNT_COUNT {
             let address = dev_address(i);
-            alloc.insert(address, GenesisAccount { balance: funds, ..Default::default() });
+            alloc.insert(
+                address,
+                GenesisAccount {
+                    balance: funds,
+                    ..Default::default()
+                },
+            );
         }
         for (address, code) in system_contracts() {
-            alloc.insert(address, GenesisAccount { code: Some(code), nonce: Some(1), ..Default::default() });
+            alloc.insert(
+                address,
+                GenesisAccount {
+                    code: Some(code),
+                    nonce: Some(1),
+                    ..Default::default()
+                },
+            );
         }
         let config = ChainConfig {
             chain_id: 1337,
@@ -163,7 +192,10 @@ impl ChainSpec {
         let mut hardforks = vec![(EthereumHardfork::Frontier, ForkCondition::Block(0))];
         let blocks = [
             (EthereumHardfork::Homestead, c.homestead_block),
-            (EthereumHardfork::Dao, c.dao_fork_block.filter(|_| c.dao_fork_support)),
+            (
+                EthereumHardfork::Dao,
+                c.dao_fork_block.filter(|_| c.dao_fork_support),
+            ),
             (EthereumHardfork::Tangerine, c.eip150_block),
             (EthereumHardfork::SpuriousDragon, c.eip155_block),
             (EthereumHardfork::Byzantium, c.byzantium_block),
@@ -176,7 +208,11 @@ impl ChainSpec {
             (EthereumHardfork::ArrowGlacier, c.arrow_glacier_block),
             (EthereumHardfork::GrayGlacier, c.gray_glacier_block),
         ];
-        hardforks.extend(blocks.into_iter().filter_map(|(f, b)| Some((f, ForkCondition::Block(b?)))));
+        hardforks.extend(
+            blocks
+                .into_iter()
+                .filter_map(|(f, b)| Some((f, ForkCondition::Block(b?)))),
+        );
         // The merge: a netsplit block if given, block 0 for a chain that starts merged,
         // otherwise the TTD with no known activation block.
         let paris = match (c.merge_netsplit_block, c.terminal_total_difficulty) {
@@ -199,8 +235,11 @@ impl ChainSpec {
             (EthereumHardfork::Osaka, c.osaka_time),
             (EthereumHardfork::Amsterdam, c.amsterdam_time),
         ];
-        hardforks
-            .extend(times.into_iter().filter_map(|(f, t)| Some((f, ForkCondition::Timestamp(t?)))));
+        hardforks.extend(
+            times
+                .into_iter()
+                .filter_map(|(f, t)| Some((f, ForkCondition::Timestamp(t?)))),
+        );
         Self {
             chain_id: c.chain_id,
             hardforks,
@@ -223,10 +262,15 @@ impl ChainSpec {
     /// Reads a geth-style genesis.json.
     pub fn from_genesis_file(path: &Path) -> Result<Self, ChainSpecError> {
         let display = path.display().to_string();
-        let bytes = std::fs::read(path)
-            .map_err(|source| ChainSpecError::Io { path: display.clone(), source })?;
-        let genesis: Genesis = serde_json::from_slice(&bytes)
-            .map_err(|source| ChainSpecError::Json { path: display, source })?;
+        let bytes = std::fs::read(path).map_err(|source| ChainSpecError::Io {
+            path: display.clone(),
+            source,
+        })?;
+        let genesis: Genesis =
+            serde_json::from_slice(&bytes).map_err(|source| ChainSpecError::Json {
+                path: display,
+                source,
+            })?;
         Ok(Self::from_genesis(genesis))
     }
 
@@ -240,7 +284,10 @@ impl ChainSpec {
 
     /// Blob parameters in force at `timestamp`, `None` before Cancun.
     pub fn blob_params_at(&self, timestamp: u64) -> Option<BlobParams> {
-        let active = |f| self.ethereum_fork_activation(f).active_at_timestamp(timestamp);
+        let active = |f| {
+            self.ethereum_fork_activation(f)
+                .active_at_timestamp(timestamp)
+        };
         if active(EthereumHardfork::Bpo2) {
             Some(BlobParams::bpo2())
         } else if active(EthereumHardfork::Bpo1) {
@@ -285,8 +332,11 @@ impl ChainSpec {
             extra_data: g.extra_data.clone(),
             mix_hash: g.mix_hash,
             nonce: g.nonce.into(),
-            base_fee_per_gas: london
-                .then(|| g.base_fee_per_gas.map(|f| f as u64).unwrap_or(INITIAL_BASE_FEE)),
+            base_fee_per_gas: london.then(|| {
+                g.base_fee_per_gas
+                    .map(|f| f as u64)
+                    .unwrap_or(INITIAL_BASE_FEE)
+            }),
             withdrawals_root: shanghai.then_some(EMPTY_WITHDRAWALS),
             blob_gas_used: cancun.then(|| g.blob_gas_used.unwrap_or_default()),
             excess_blob_gas: cancun.then(|| g.excess_blob_gas.unwrap_or_default()),
@@ -299,7 +349,11 @@ impl ChainSpec {
 
 impl EthereumHardforks for ChainSpec {
     fn ethereum_fork_activation(&self, fork: EthereumHardfork) -> ForkCondition {
-        self.hardforks.iter().find(|(f, _)| *f == fork).map(|(_, c)| *c).unwrap_or_default()
+        self.hardforks
+            .iter()
+            .find(|(f, _)| *f == fork)
+            .map(|(_, c)| *c)
+            .unwrap_or_default()
     }
 }
 
@@ -312,7 +366,8 @@ impl EthExecutorSpec for ChainSpec {
 /// Address of dev account `i`.
 pub fn dev_address(i: usize) -> Address {
     let key = ChainSpec::dev_private_key(i);
-    let secret = secp256k1::SecretKey::from_slice(key.as_slice()).expect("keccak output is a valid key");
+    let secret =
+        secp256k1::SecretKey::from_slice(key.as_slice()).expect("keccak output is a valid key");
     let public = secp256k1::PublicKey::from_secret_key(secp256k1::SECP256K1, &secret);
     alloy_primitives::Address::from_raw_public_key(&public.serialize_uncompressed()[1..])
 }
@@ -320,9 +375,21 @@ pub fn dev_address(i: usize) -> Address {
 /// The system contracts a Prague chain needs at genesis.
 fn system_contracts() -> [(Address, Bytes); 4] {
     [
-        (eip4788::BEACON_ROOTS_ADDRESS, eip4788::BEACON_ROOTS_CODE.clone()),
-        (eip2935::HISTORY_STORAGE_ADDRESS, eip2935::HISTORY_STORAGE_CODE.clone()),
-        (eip7002::WITHDRAWAL_REQUEST_PREDEPLOY_ADDRESS, eip7002::WITHDRAWAL_REQUEST_PREDEPLOY_CODE.clone()),
-        (eip7251::CONSOLIDATION_REQUEST_PREDEPLOY_ADDRESS, eip7251::CONSOLIDATION_REQUEST_PREDEPLOY_CODE.clone()),
+        (
+            eip4788::BEACON_ROOTS_ADDRESS,
+            eip4788::BEACON_ROOTS_CODE.clone(),
+        ),
+        (
+            eip2935::HISTORY_STORAGE_ADDRESS,
+            eip2935::HISTORY_STORAGE_CODE.clone(),
+        ),
+        (
+            eip7002::WITHDRAWAL_REQUEST_PREDEPLOY_ADDRESS,
+            eip7002::WITHDRAWAL_REQUEST_PREDEPLOY_CODE.clone(),
+        ),
+        (
+            eip7251::CONSOLIDATION_REQUEST_PREDEPLOY_ADDRESS,
+            eip7251::CONSOLIDATION_REQUEST_PREDEPLOY_CODE.clone(),
+        ),
     ]
 }

@@ -43,7 +43,9 @@ impl DBErrorMarker for MemStateError {}
 
 impl MemState {
     /// Builds a state from a genesis allocation.
-    pub fn from_alloc<'a>(alloc: impl IntoIterator<Item = (&'a Address, &'a GenesisAccount)>) -> Self {
+    pub fn from_alloc<'a>(
+        alloc: impl IntoIterator<Item = (&'a Address, &'a GenesisAccount)>,
+    ) -> Self {
         let mut state = Self::default();
         for (address, account) in alloc {
             let code = account.code.as_ref().filter(|c| !c.is_empty());
@@ -97,7 +99,13 @@ impl MemState {
             }
             _ => KECCAK_EMPTY,
         };
-        let info = AccountInfo { balance, nonce, code_hash, code: None, account_id: None };
+        let info = AccountInfo {
+            balance,
+            nonce,
+            code_hash,
+            code: None,
+            account_id: None,
+        };
         self.accounts.insert(address, MemAccount { info, storage });
     }
 
@@ -117,7 +125,11 @@ impl MemState {
             if account.was_destroyed() {
                 entry.storage.clear();
             }
-            entry.info = AccountInfo { code: None, account_id: None, ..info.clone() };
+            entry.info = AccountInfo {
+                code: None,
+                account_id: None,
+                ..info.clone()
+            };
             for (slot, value) in &account.storage {
                 if value.present_value.is_zero() {
                     entry.storage.remove(slot);
@@ -154,7 +166,11 @@ impl revm::DatabaseRef for MemState {
         Ok(self.contracts.get(&code_hash).cloned().unwrap_or_default())
     }
 
-    fn storage_ref(&self, address: Address, index: StorageKey) -> Result<StorageValue, Self::Error> {
+    fn storage_ref(
+        &self,
+        address: Address,
+        index: StorageKey,
+    ) -> Result<StorageValue, Self::Error> {
         Ok(self
             .accounts
             .get(&address)

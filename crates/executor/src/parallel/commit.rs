@@ -13,7 +13,6 @@
 //! observe: their written balance is rebased onto the committed one.
 
 use super::{
-    hints::BlockHints,
     mv::{Location, TxIdx},
     sched::{DONE, PENDING, RUNNING, Scheduler},
     spec::{
@@ -54,9 +53,8 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     pub executor: &'c mut CommitExecutor<'s, 'a, DB>,
     pub block: &'a RecoveredBlock,
     pub sched: &'c Scheduler,
-    pub shared: &'c SpecShared<'a, DB>,
-    pub speculator: Speculator<'a, DB>,
-    pub hints: &'c BlockHints,
+    pub shared: &'c SpecShared<'c, DB>,
+    pub speculator: Speculator<'c, DB>,
     /// Whether Cancun is active (blob gas is counted).
     pub cancun: bool,
     /// Statistics for the benchmark log.
@@ -92,7 +90,20 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     /// Commits every transaction in order.
     pub(crate) fn run(&mut self) -> Result<(), ExecutionError> {
         let n = self.block.transactions.len() as TxIdx;
+        // One clock read per action (each is a few microseconds; two reads would be a few
+        // percent of it): the scheduling between two actions counts towards the second.
+        let mut clock = std::time::Instant::now();
         for k in 0..n {
+            if self.sched.is_sequential() {
+                // Nothing else runs in this block any more (see `Scheduler::go_sequential`):
+                // the rest executes exactly as the sequential executor does, without the
+                // per-transaction scheduling and publishing.
+                for tx in &self.block.transactions[k as usize..] {
+                    self.executor.execute_transaction(tx)?;
+                }
+                self.stats.exact += (n - k) as usize;
+                return Ok(());
+            }
             loop {
                 if self.sched.stopped() {
                     return Err(ExecutionError::WorkerPanic(
@@ -106,29 +117,25 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                         let outcome = self.sched.take_outcome(k).ok_or_else(|| {
                             ExecutionError::Other(format!("transaction {k} has no outcome"))
                         })?;
-                        let t = std::time::Instant::now();
                         self.commit_speculative(k, outcome)?;
-                        self.stats.commit_ns += t.elapsed().as_nanos() as u64;
+                        self.stats.commit_ns += lap(&mut clock);
                         break;
                     }
                     PENDING => {
                         if self.sched.try_claim(k) {
-                            let t = std::time::Instant::now();
                             self.commit_exact(k, &[])?;
-                            self.stats.exact_ns += t.elapsed().as_nanos() as u64;
+                            self.stats.exact_ns += lap(&mut clock);
                             break;
                         }
                     }
                     RUNNING => match self.sched.next_task() {
                         Some(j) => {
-                            let t = std::time::Instant::now();
                             self.help(j);
-                            self.stats.help_ns += t.elapsed().as_nanos() as u64;
+                            self.stats.help_ns += lap(&mut clock);
                         }
                         None => {
-                            let t = std::time::Instant::now();
                             self.sched.committer_wait(k);
-                            self.stats.wait_ns += t.elapsed().as_nanos() as u64;
+                            self.stats.wait_ns += lap(&mut clock);
                         }
                     },
                     other => {
@@ -149,14 +156,12 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     fn help(&mut self, j: TxIdx) {
         self.stats.helped += 1;
         let tx = &self.block.transactions[j as usize];
-        let outcome = match self
-            .speculator
-            .run(j, tx, self.hints.lazy_recipient[j as usize])
-        {
-            SpecRun::Done(outcome, writes) => {
-                self.shared.mv.write(j, 0, &writes, &[]);
-                outcome
-            }
+        // `next_task` hands out nothing before the hints are published.
+        let (lazy, publish) = self.sched.hints().map_or((None, true), |h| {
+            (h.lazy_recipient[j as usize], h.publish[j as usize])
+        });
+        let outcome = match self.speculator.run(j, tx, lazy, publish) {
+            SpecRun::Done(outcome) => outcome,
             // Only the committer sets estimates and it clears them before helping, so this is
             // not expected; leave the transaction to the exact path rather than wait on itself.
             SpecRun::Blocked(_) => Box::new(SpecOutcome {
@@ -250,6 +255,26 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     mode,
                     base,
                 } => {
+                    if *mode == ReadMode::Strict {
+                        // `State::basic` without the clone: the cached account, or the
+                        // pre-state value seeded as a cache miss would load it (and then equal
+                        // to what speculation saw, which was that very value).
+                        match db.cache.accounts.entry(*address) {
+                            hash_map::Entry::Occupied(entry) => {
+                                let now = entry.get().account.as_ref().map(|a| &a.info);
+                                if now.map(Observed::from_info) != *observed {
+                                    return Err(Invalid);
+                                }
+                                continue;
+                            }
+                            hash_map::Entry::Vacant(entry) => {
+                                if let Some(base) = base {
+                                    entry.insert(cache_account(base));
+                                    continue;
+                                }
+                            }
+                        }
+                    }
                     if let Some(base) = base {
                         seed_account(db, *address, base);
                     }
@@ -296,8 +321,14 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     fn commit_exact(&mut self, k: TxIdx, written: &[Location]) -> Result<(), ExecutionError> {
         self.stats.exact += 1;
         let mv = self.shared.mv;
-        mv.mark_estimates(k, written);
         let tx = &self.block.transactions[k as usize];
+        if self.sched.is_sequential() {
+            // Nothing speculates in this block any more, so nothing reads the memory: commit
+            // exactly as the sequential executor does.
+            self.executor.execute_transaction(tx)?;
+            return Ok(());
+        }
+        mv.mark_estimates(k, written);
         let output = self.executor.execute_transaction_without_commit(tx)?;
         let mut writes = Vec::with_capacity(output.result.state.len() + 2);
         extract_writes(&output.result.state, &[], self.shared, &mut writes);
@@ -306,10 +337,26 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             .filter(|l| !writes.iter().any(|(w, _)| w == *l))
             .copied()
             .collect();
-        mv.write(k, 1, &writes, &stale);
+        // Like the speculative run, a transaction nothing is hinted to read from publishes
+        // nothing (unless its speculative run did: those entries must be replaced).
+        let publish = self
+            .sched
+            .hints()
+            .is_none_or(|h| h.publish[k as usize] || !written.is_empty());
+        if publish {
+            mv.write(k, 1, &writes, &stale);
+        }
         self.executor.commit_transaction(output);
         Ok(())
     }
+}
+
+/// Nanoseconds since `clock`, which moves to now.
+fn lap(clock: &mut std::time::Instant) -> u64 {
+    let now = std::time::Instant::now();
+    let ns = now.duration_since(*clock).as_nanos() as u64;
+    *clock = now;
+    ns
 }
 
 /// Puts the pre-state value of an account into `revm::State`'s cache exactly as a cache miss
@@ -320,13 +367,16 @@ fn seed_account<DB: StateReader>(
     base: &Option<AccountInfo>,
 ) {
     if let hash_map::Entry::Vacant(entry) = state.cache.accounts.entry(address) {
-        entry.insert(match base {
-            None => CacheAccount::new_loaded_not_existing(),
-            Some(info) if info.is_empty() => {
-                CacheAccount::new_loaded_empty_eip161(Default::default())
-            }
-            Some(info) => CacheAccount::new_loaded(info.clone(), Default::default()),
-        });
+        entry.insert(cache_account(base));
+    }
+}
+
+/// The cache entry `State::load_cache_account` creates for a pre-state value.
+fn cache_account(base: &Option<AccountInfo>) -> CacheAccount {
+    match base {
+        None => CacheAccount::new_loaded_not_existing(),
+        Some(info) if info.is_empty() => CacheAccount::new_loaded_empty_eip161(Default::default()),
+        Some(info) => CacheAccount::new_loaded(info.clone(), Default::default()),
     }
 }
 

@@ -5,7 +5,11 @@
 
 use super::mv::TxIdx;
 use alloy_consensus::{Transaction, TxEnvelope, transaction::Recovered};
-use alloy_primitives::{Address, Bytes, TxKind, U256, map::HashMap};
+use alloy_primitives::{
+    Address, Bytes, TxKind, U256,
+    map::{DefaultHashBuilder, HashMap},
+};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 /// A conflict key. ERC20 slots are keyed by (token, owner[, spender]) rather than by the
 /// keccak slot the contract uses: the key only has to be equal exactly when the slot is, and
@@ -49,6 +53,16 @@ pub(crate) struct BlockHints {
     /// The recipient whose balance a transaction may credit lazily (a plain transfer to a hot
     /// recipient), if any.
     pub lazy_recipient: Vec<Option<Address>>,
+    /// Whether a transaction's speculative writes are worth publishing to the multi-version
+    /// memory: some later transaction is hinted to depend on it, it credits lazily (a later
+    /// reader must see every credit), or it calls code whose writes the hints cannot tell.
+    /// The writes of the others would only be read by a transaction the hints missed, whose
+    /// stale read the committer catches anyway; publishing them costs about a microsecond a
+    /// transaction.
+    pub publish: Vec<bool>,
+    /// Length of the longest chain of hinted dependencies (transactions that must run one
+    /// after the other).
+    pub longest_chain: usize,
 }
 
 fn word(input: &Bytes, index: usize) -> Option<&[u8]> {
@@ -206,6 +220,7 @@ pub(crate) fn build(
     // Recipients of plain value transfers, counted: two or more in a block make one hot.
     let mut hot: HashMap<Address, u32> = HashMap::default();
     if lazy_recipients {
+        hot.reserve(txs.len());
         for tx in txs {
             if let TxKind::Call(to) = tx.kind()
                 && tx.input().is_empty()
@@ -216,36 +231,80 @@ pub(crate) fn build(
             }
         }
     }
-    // (last strict access, last access of any mode) per key.
-    let mut last: HashMap<HintKey, (Option<TxIdx>, Option<TxIdx>)> =
+    // (last strict access, last access of any mode) per key, `NONE` for none. Keys are
+    // replaced by a seeded 64-bit hash of them: the table stays small enough for the cache, and
+    // a collision only adds a needless dependency (hints steer, they never decide).
+    const NONE: TxIdx = TxIdx::MAX;
+    let seed = DefaultHashBuilder::default();
+    let mut last: HashMap<u64, (TxIdx, TxIdx), BuildHasherDefault<PreHashed>> =
         HashMap::with_capacity_and_hasher(txs.len() * 3, Default::default());
     let mut hints = BlockHints {
         deps: Vec::with_capacity(txs.len()),
         lazy_recipient: Vec::with_capacity(txs.len()),
+        publish: Vec::with_capacity(txs.len()),
+        longest_chain: 0,
     };
     let mut keys = Vec::new();
+    // Length of the longest dependency chain ending at each transaction.
+    let mut depth: Vec<u32> = Vec::with_capacity(txs.len());
     for (j, tx) in txs.iter().enumerate() {
         let j = j as TxIdx;
         keys.clear();
         let lazy = tx_keys(tx, &hot, lazy_recipients, &mut keys);
+        let opaque = keys
+            .iter()
+            .any(|(key, mode)| *mode == Mode::Additive || matches!(key, HintKey::Contract(_)));
         let mut deps: Vec<TxIdx> = Vec::new();
         for (key, mode) in &keys {
-            let entry = last.entry(*key).or_default();
+            let entry = last.entry(seed.hash_one(key)).or_insert((NONE, NONE));
             match mode {
                 Mode::Strict => {
-                    deps.extend(entry.1);
-                    *entry = (Some(j), Some(j));
+                    deps.extend(Some(entry.1).filter(|&p| p != NONE));
+                    *entry = (j, j);
                 }
                 Mode::Additive => {
-                    deps.extend(entry.0);
-                    entry.1 = Some(j);
+                    deps.extend(Some(entry.0).filter(|&p| p != NONE));
+                    entry.1 = j;
                 }
             }
         }
+        // A transaction touching one key twice (a transfer to itself) must not wait for itself.
+        deps.retain(|&p| p != j);
         deps.sort_unstable();
         deps.dedup();
+        let d = 1 + deps.iter().map(|&p| depth[p as usize]).max().unwrap_or(0);
+        depth.push(d);
+        hints.longest_chain = hints.longest_chain.max(d as usize);
+        for &p in &deps {
+            hints.publish[p as usize] = true;
+        }
         hints.deps.push(deps);
         hints.lazy_recipient.push(lazy);
+        hints.publish.push(opaque);
     }
     hints
+}
+
+/// Hasher for keys that already are hashes: passes the `u64` through.
+#[derive(Debug, Default)]
+struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is expected; fold anything else in rather than lose it.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(29) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
 }

@@ -7,9 +7,17 @@
 //! otherwise wait); `threads - 1` persistent pool threads execute speculatively. Committing
 //! (state transitions, receipts) is about half of sequential execution's cost, so overlapping it
 //! with execution is as important as executing in parallel.
+//!
+//! No core waits on serial per-block work where it can be avoided: the first worker builds the
+//! hints while the committer runs the system calls and executes the first transactions exactly
+//! (nothing is speculated before the hints are published); a block whose hints show one chain
+//! over most of it is left to the committer alone; the end-of-block merge of the state
+//! transitions into the bundle is split by address across two threads (`merge.rs`), and the
+//! block's speculative data is freed on a pool thread.
 
 mod commit;
 mod hints;
+mod merge;
 mod mv;
 mod sched;
 mod spec;
@@ -29,10 +37,7 @@ use commit::Committer;
 use mv::MvMemory;
 use overdrive_primitives::EthereumHardforks;
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
-use revm::{
-    database::{State, states::bundle_state::BundleRetention},
-    primitives::hardfork::SpecId,
-};
+use revm::{database::State, primitives::hardfork::SpecId};
 use sched::{COMMITTED, Scheduler};
 use spec::{NewCode, SpecRun, SpecShared, Speculator};
 use std::{
@@ -57,6 +62,9 @@ pub struct ParallelConfig {
     pub lazy_coinbase: bool,
     /// Credit plain transfers to a recipient that receives several in a block lazily.
     pub lazy_recipients: bool,
+    /// Execute a block whose hinted dependencies form one chain over more than half of its
+    /// transactions on the committer alone, without speculation.
+    pub chain_fallback: bool,
 }
 
 impl Default for ParallelConfig {
@@ -66,6 +74,7 @@ impl Default for ParallelConfig {
             min_txs_for_parallel: DEFAULT_MIN_TXS_FOR_PARALLEL,
             lazy_coinbase: true,
             lazy_recipients: true,
+            chain_fallback: true,
         }
     }
 }
@@ -136,16 +145,24 @@ impl ParallelExecutor {
         // Before Spurious Dragon a touched empty account survives, and the rebase of a lazily
         // paid fee assumes post-EIP-161 semantics; such old blocks pay the fee eagerly.
         let lazy_ok = env.cfg_env.spec.is_enabled_in(SpecId::SPURIOUS_DRAGON);
-        let mut hints = hints::build(
-            &block.transactions,
+        let hint_job = HintJob {
             coinbase,
-            self.config.lazy_recipients && lazy_ok,
-        );
+            lazy_recipients: self.config.lazy_recipients && lazy_ok,
+            chain_fallback: self.config.chain_fallback,
+        };
 
         let mut state = State::builder()
             .with_database_ref(db)
             .with_bundle_update()
             .build();
+        // Sized for the block up front (a transaction touches two or three accounts), so the
+        // committer does not rehash them as they grow. Capacity changes no output: the
+        // reverts, the only order-sensitive part, are sorted.
+        let n = block.transactions.len();
+        state.cache.accounts.reserve(n * 2);
+        if let Some(transitions) = state.transition_state.as_mut() {
+            transitions.transitions.reserve(n * 2);
+        }
         let evm = EthEvmFactory::default().create_evm(&mut state, env.clone());
         let mut executor = EthBlockExecutor::new(
             evm,
@@ -153,12 +170,9 @@ impl ParallelExecutor {
             spec,
             AlloyReceiptBuilder::default(),
         );
-        // The system calls before the transactions run exactly, on the committed state. Their
-        // writes (two system contracts' storage) are not visible to speculation; a
-        // transaction that reads them fails validation and is re-executed exactly.
-        executor.apply_pre_execution_changes()?;
 
-        let mv = MvMemory::new();
+        // A typical transaction writes three or four locations (sender, a few slots).
+        let mv = MvMemory::with_capacity(block.transactions.len() * 4);
         let new_code = NewCode::default();
         let shared = SpecShared {
             db,
@@ -167,15 +181,20 @@ impl ParallelExecutor {
             coinbase,
             lazy_coinbase: self.config.lazy_coinbase && lazy_ok,
         };
-        let sched = Scheduler::new(std::mem::take(&mut hints.deps), std::thread::current());
+        let sched = Scheduler::new(n, std::thread::current());
         let workers = self.config.threads - 1;
 
         let mut stats = None;
         let committed = pool.in_place_scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|_| {
+            for w in 0..workers {
+                let (sched, shared, env) = (&sched, &shared, env.clone());
+                // The first worker builds the hints while the committer runs the system calls
+                // and starts executing the first transactions exactly: both cores are busy from
+                // the start.
+                let hint_job = (w == 0).then_some(hint_job);
+                scope.spawn(move |_| {
                     let run = catch_unwind(AssertUnwindSafe(|| {
-                        worker(&sched, &shared, block, &hints, env.clone());
+                        worker(sched, shared, block, env, hint_job);
                     }));
                     if let Err(panic) = run {
                         sched.record_panic(panic_message(panic.as_ref()));
@@ -183,13 +202,16 @@ impl ParallelExecutor {
                 });
             }
             let run = catch_unwind(AssertUnwindSafe(|| {
+                // The system calls before the transactions run exactly, on the committed state.
+                // Their writes (two system contracts' storage) are not visible to speculation; a
+                // transaction that reads them fails validation and is re-executed exactly.
+                executor.apply_pre_execution_changes()?;
                 let mut committer = Committer {
                     executor: &mut executor,
                     block,
                     sched: &sched,
                     shared: &shared,
                     speculator: Speculator::new(&shared, env.clone()),
-                    hints: &hints,
                     cancun,
                     stats: CommitStats::default(),
                 };
@@ -214,40 +236,66 @@ impl ParallelExecutor {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = stats;
 
         let result = executor.apply_post_execution_changes()?;
-        state.merge_transitions(BundleRetention::Reverts);
+        let bundle = merge::merge_and_take(pool, &mut state);
+        // Freeing the block's speculative data and caches takes a millisecond or two; the pool
+        // thread does it while this one returns.
+        let cache = std::mem::take(&mut state.cache);
+        pool.spawn(move || drop((mv, sched, new_code, cache)));
         Ok(BlockOutput {
             receipts: result.receipts,
             gas_used: result.gas_used,
             blob_gas_used: result.blob_gas_used,
             requests: result.requests,
-            bundle: state.take_bundle(),
+            bundle,
         })
     }
 }
 
+/// What the hint-building worker needs besides the block.
+#[derive(Debug, Clone, Copy)]
+struct HintJob {
+    coinbase: alloy_primitives::Address,
+    lazy_recipients: bool,
+    chain_fallback: bool,
+}
+
 /// A pool thread's loop for one block: take a transaction, execute it speculatively, publish
-/// its writes, continue with a dependant it released (chains stay on one thread).
+/// its writes, continue with a dependant it released (chains stay on one thread). With a
+/// `hint_job`, it first builds and publishes the block's hints.
 fn worker<DB: StateReader>(
     sched: &Scheduler,
     shared: &SpecShared<'_, DB>,
     block: &RecoveredBlock,
-    hints: &hints::BlockHints,
     env: alloy_evm::EvmEnv,
+    hint_job: Option<HintJob>,
 ) {
+    if let Some(job) = hint_job {
+        let hints = hints::build(&block.transactions, job.coinbase, job.lazy_recipients);
+        // A block that is mostly one chain gains nothing from speculation on any number of
+        // threads, while speculating it costs a re-execution per link: leave it to the
+        // committer alone.
+        if job.chain_fallback && hints.longest_chain * 2 > block.transactions.len() {
+            sched.go_sequential();
+            return;
+        }
+        sched.set_hints(hints);
+    }
     let mut speculator = Speculator::new(shared, env);
     let mut next = None;
-    while !sched.stopped() {
+    while !sched.stopped() && !sched.is_sequential() {
         let Some(j) = next.take().or_else(|| sched.next_task()) else {
             sched.idle_wait();
             continue;
         };
+        let Some(hints) = sched.hints() else {
+            // Unreachable: `next_task` hands out nothing before the hints are published.
+            break;
+        };
         let tx = &block.transactions[j as usize];
         let outcome = loop {
-            match speculator.run(j, tx, hints.lazy_recipient[j as usize]) {
-                SpecRun::Done(outcome, writes) => {
-                    shared.mv.write(j, 0, &writes, &[]);
-                    break outcome;
-                }
+            let (lazy, publish) = (hints.lazy_recipient[j as usize], hints.publish[j as usize]);
+            match speculator.run(j, tx, lazy, publish) {
+                SpecRun::Done(outcome) => break outcome,
                 SpecRun::Blocked(writer) => {
                     // The committer is re-executing `writer`; its new values come within
                     // microseconds.

@@ -77,11 +77,24 @@ const SHARDS: usize = 128;
 /// Versions of one location, sorted by transaction index (each index at most once).
 type Versions = Vec<(TxIdx, Entry)>;
 
+/// One shard, alone on its cache lines: both threads lock shards all the time, and two
+/// mutexes on one line would make each lock bounce the other's line between the cores.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard {
+    map: Mutex<HashMap<Location, Versions>>,
+    /// Set (under the lock) once anything was written to `map`. Readers skip the lock of a
+    /// shard nothing was written to: most transactions publish nothing, so most shards stay
+    /// empty. A reader that misses a concurrent first write reads as if it came just before
+    /// it, which any speculative read may; the committer checks every read anyway.
+    used: AtomicBool,
+}
+
 /// The memory. Each shard's mutex guards the version lists of the locations that hash to it;
 /// no code path holds two shard locks at once.
 #[derive(Debug)]
 pub(crate) struct MvMemory {
-    shards: Box<[Mutex<HashMap<Location, Versions>>]>,
+    shards: Box<[Shard]>,
     /// Set once any transaction wrote a `Wipe`: until then storage reads skip the wipe lookup.
     any_wipe: AtomicBool,
 }
@@ -99,10 +112,24 @@ fn shard_of(location: &Location) -> usize {
 }
 
 impl MvMemory {
+    #[cfg(test)]
     pub(crate) fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// A memory sized for about `locations` written locations, so that shards do not rehash
+    /// while the block runs.
+    pub(crate) fn with_capacity(locations: usize) -> Self {
+        let per_shard = locations / SHARDS;
         Self {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
+                .map(|_| Shard {
+                    map: Mutex::new(HashMap::with_capacity_and_hasher(
+                        per_shard,
+                        Default::default(),
+                    )),
+                    used: AtomicBool::new(false),
+                })
                 .collect(),
             any_wipe: AtomicBool::new(false),
         }
@@ -112,14 +139,29 @@ impl MvMemory {
         // A poisoned shard only means another worker panicked; the block is aborted by then and
         // nothing read here can reach a committed result unchecked.
         self.shards[shard_of(location)]
+            .map
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The shard of `location` locked, or `None` when nothing was ever written to it.
+    fn used_shard(
+        &self,
+        location: &Location,
+    ) -> Option<std::sync::MutexGuard<'_, HashMap<Location, Versions>>> {
+        let shard = &self.shards[shard_of(location)];
+        shard
+            .used
+            .load(Ordering::Acquire)
+            .then(|| shard.map.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Resolves `Account(address)` as seen by transaction `reader`.
     pub(crate) fn read_account(&self, address: Address, reader: TxIdx) -> AccountRead {
         let location = Location::Account(address);
-        let shard = self.shard(&location);
+        let Some(shard) = self.used_shard(&location) else {
+            return AccountRead::Base { delta: U256::ZERO };
+        };
         let Some(versions) = shard.get(&location) else {
             return AccountRead::Base { delta: U256::ZERO };
         };
@@ -180,7 +222,7 @@ impl MvMemory {
     }
 
     fn latest_below(&self, location: &Location, reader: TxIdx) -> Option<(TxIdx, Entry)> {
-        let shard = self.shard(location);
+        let shard = self.used_shard(location)?;
         let versions = shard.get(location)?;
         let below = versions.partition_point(|(tx, _)| *tx < reader);
         below.checked_sub(1).map(|i| versions[i].clone())
@@ -204,7 +246,9 @@ impl MvMemory {
                 incarnation,
                 value: value.clone(),
             };
+            let shard_index = shard_of(location);
             let mut shard = self.shard(location);
+            self.shards[shard_index].used.store(true, Ordering::Release);
             let versions = shard.entry(*location).or_default();
             match versions.binary_search_by_key(&writer, |(tx, _)| *tx) {
                 // A newer incarnation's data is never replaced by an older one's.

@@ -9,12 +9,12 @@
 //! finished it continues with the lowest parked dependant itself, so a chain of dependent
 //! transactions runs in one worker, in order, without a hand-off per link.
 
-use super::{mv::TxIdx, spec::SpecOutcome};
+use super::{hints::BlockHints, mv::TxIdx, spec::SpecOutcome};
 use std::{
     cmp::Reverse,
     collections::BinaryHeap,
     sync::{
-        Condvar, Mutex, MutexGuard, PoisonError,
+        Condvar, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering},
     },
     thread::Thread,
@@ -47,8 +47,16 @@ pub(crate) struct Scheduler {
     /// parker re-checks the status under the lock, a finisher sets the status before taking
     /// the lock, so no wake-up is lost.
     waiters: Box<[Mutex<Vec<TxIdx>>]>,
-    deps: Vec<Vec<TxIdx>>,
+    /// The block's hints, built by a worker while the committer already executes the first
+    /// transactions exactly. Nothing is handed out for speculation before they are set; a
+    /// block whose hints show one long chain never gets them (see `sequential`).
+    hints: OnceLock<BlockHints>,
+    /// Set instead of `hints` when the hints show that the block is essentially one chain of
+    /// dependent transactions: speculation cannot help, so none happens and the committer
+    /// executes everything exactly (and publishes nothing to the multi-version memory).
+    sequential: AtomicBool,
     cursor: AtomicUsize,
+
     /// Transactions whose dependencies finished, lowest first, not yet claimed.
     ready: Mutex<BinaryHeap<Reverse<TxIdx>>>,
     ready_len: AtomicUsize,
@@ -67,15 +75,16 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub(crate) fn new(deps: Vec<Vec<TxIdx>>, committer: Thread) -> Self {
-        let n = deps.len();
+    pub(crate) fn new(n: usize, committer: Thread) -> Self {
         Self {
             n,
             status: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
             outcomes: (0..n).map(|_| Mutex::new(None)).collect(),
             waiters: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
-            deps,
+            hints: OnceLock::new(),
+            sequential: AtomicBool::new(false),
             cursor: AtomicUsize::new(0),
+
             ready: Mutex::new(BinaryHeap::new()),
             ready_len: AtomicUsize::new(0),
             idle: Condvar::new(),
@@ -85,6 +94,31 @@ impl Scheduler {
             wake_committer_at: AtomicUsize::new(usize::MAX),
             awaited: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// Publishes the hints: speculation may start.
+    pub(crate) fn set_hints(&self, hints: BlockHints) {
+        // Only one thread builds them; a second set would be a bug, and ignoring it is safe.
+        let _unused = self.hints.set(hints);
+        let _guard = lock(&self.ready);
+        self.idle.notify_all();
+    }
+
+    /// The hints, once published.
+    pub(crate) fn hints(&self) -> Option<&BlockHints> {
+        self.hints.get()
+    }
+
+    /// Gives up speculation for this block (see `sequential`).
+    pub(crate) fn go_sequential(&self) {
+        self.sequential.store(true, Ordering::Release);
+        let _guard = lock(&self.ready);
+        self.idle.notify_all();
+    }
+
+    /// Whether the block runs without speculation.
+    pub(crate) fn is_sequential(&self) -> bool {
+        self.sequential.load(Ordering::Acquire)
     }
 
     pub(crate) fn status(&self, tx: TxIdx) -> u8 {
@@ -122,8 +156,8 @@ impl Scheduler {
 
     /// True when every hinted dependency of `tx` has finished; otherwise parks `tx` on an
     /// unfinished one and returns false.
-    fn deps_ready_or_park(&self, tx: TxIdx) -> bool {
-        for &dep in &self.deps[tx as usize] {
+    fn deps_ready_or_park(&self, hints: &BlockHints, tx: TxIdx) -> bool {
+        for &dep in &hints.deps[tx as usize] {
             if self.status(dep) >= DONE {
                 continue;
             }
@@ -140,6 +174,7 @@ impl Scheduler {
     /// The next transaction to execute speculatively, claimed; `None` when none is available
     /// right now.
     pub(crate) fn next_task(&self) -> Option<TxIdx> {
+        let hints = self.hints.get()?;
         loop {
             if self.ready_len.load(Ordering::Acquire) > 0 {
                 let popped = {
@@ -160,7 +195,10 @@ impl Scheduler {
                 return None;
             }
             let tx = next as TxIdx;
-            if self.status(tx) == PENDING && self.deps_ready_or_park(tx) && self.try_claim(tx) {
+            if self.status(tx) == PENDING
+                && self.deps_ready_or_park(hints, tx)
+                && self.try_claim(tx)
+            {
                 return Some(tx);
             }
         }
@@ -204,11 +242,13 @@ impl Scheduler {
         if woken.is_empty() {
             return None;
         }
+        // Only transactions handed out after the hints were published are ever parked.
+        let hints = self.hints.get()?;
         woken.sort_unstable();
         let mut kept = None;
         let mut queued = Vec::new();
         for w in woken {
-            if self.status(w) != PENDING || !self.deps_ready_or_park(w) {
+            if self.status(w) != PENDING || !self.deps_ready_or_park(hints, w) {
                 continue;
             }
             if keep_one && kept.is_none() && self.try_claim(w) {
@@ -238,7 +278,7 @@ impl Scheduler {
             self.committer.unpark();
         }
         let ready = lock(&self.ready);
-        if ready.is_empty() && !self.stopped() {
+        if ready.is_empty() && !self.stopped() && !self.is_sequential() {
             let _unused = self
                 .idle
                 .wait_timeout(ready, Duration::from_micros(500))

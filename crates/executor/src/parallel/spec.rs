@@ -341,13 +341,17 @@ pub(crate) struct SpecOutcome {
 pub(crate) enum SpecRun {
     /// A value it needs is being re-executed by the committer: retry after that commits.
     Blocked(TxIdx),
-    /// Executed (successfully or not); the writes are to be published.
-    Done(Box<SpecOutcome>, Vec<(Location, MvValue)>),
+    /// Executed (successfully or not); its writes are published.
+    Done(Box<SpecOutcome>),
 }
 
 /// One thread's speculative EVM, reused for every transaction it runs in the block.
 pub(crate) struct Speculator<'a, DB: StateReader> {
     evm: SpecEvm<'a, DB>,
+    /// The writes of the transaction being published; kept to reuse its allocation.
+    writes: Vec<(Location, MvValue)>,
+    /// Capacity for the next transaction's read list.
+    reads_hint: usize,
 }
 
 impl<'a, DB: StateReader> Speculator<'a, DB> {
@@ -364,22 +368,27 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
         };
         Self {
             evm: EthEvmBuilder::new(db, env).build().into_inner(),
+            writes: Vec::with_capacity(8),
+            reads_hint: 8,
         }
     }
 
-    /// Executes transaction `index` speculatively.
+    /// Executes transaction `index` speculatively; publishes its writes when `publish`.
     pub(crate) fn run(
         &mut self,
         index: TxIdx,
         tx: &Recovered<TxEnvelope>,
         lazy_recipient: Option<Address>,
+        publish: bool,
     ) -> SpecRun {
         {
             let db = self.evm.ctx().db_mut();
             db.tx = index;
             db.lazy_recipient = lazy_recipient;
             db.reward_phase = false;
-            db.reads = Vec::with_capacity(8);
+            // As many as the previous transaction read: blocks repeat their shapes, and growing
+            // the list copies every read recorded so far.
+            db.reads = Vec::with_capacity(self.reads_hint);
             db.blocked = None;
             db.failed = false;
         }
@@ -392,34 +401,36 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             return SpecRun::Blocked(tx);
         }
         let reads = std::mem::take(&mut db.reads);
+        self.reads_hint = reads.len().clamp(8, 64);
         let shared = db.shared;
         match result {
             Ok(result) if !db.failed => {
-                let mut writes = Vec::with_capacity(state.len() + 2);
-                extract_writes(&state, &reads, shared, &mut writes);
+                let writes = &mut self.writes;
+                writes.clear();
+                // Run even when not publishing: it also records deployed code.
+                extract_writes(&state, &reads, shared, writes);
+                let written = if publish {
+                    shared.mv.write(index, 0, writes, &[]);
+                    writes.iter().map(|(l, _)| *l).collect()
+                } else {
+                    Vec::new()
+                };
                 let bloom = result.logs().iter().collect();
-                let written = writes.iter().map(|(l, _)| *l).collect();
-                SpecRun::Done(
-                    Box::new(SpecOutcome {
-                        reads,
-                        exec: Some(SpecExec {
-                            result,
-                            state,
-                            bloom,
-                        }),
-                        written,
-                    }),
-                    writes,
-                )
-            }
-            _ => SpecRun::Done(
-                Box::new(SpecOutcome {
+                SpecRun::Done(Box::new(SpecOutcome {
                     reads,
-                    exec: None,
-                    written: Vec::new(),
-                }),
-                Vec::new(),
-            ),
+                    exec: Some(SpecExec {
+                        result,
+                        state,
+                        bloom,
+                    }),
+                    written,
+                }))
+            }
+            _ => SpecRun::Done(Box::new(SpecOutcome {
+                reads,
+                exec: None,
+                written: Vec::new(),
+            })),
         }
     }
 }
