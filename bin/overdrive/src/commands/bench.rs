@@ -221,6 +221,20 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
             parallel_ms = p.wall.as_secs_f64() * 1e3,
             "executed"
         );
+        if let Some(stats) = parallel.last_stats() {
+            // Where the committing thread's time went: the serial part of the parallel path.
+            tracing::debug!(
+                block = block.number(),
+                validated = stats.validated,
+                exact = stats.exact,
+                helped = stats.helped,
+                commit_ms = stats.commit_ns as f64 / 1e6,
+                exact_ms = stats.exact_ns as f64 / 1e6,
+                help_ms = stats.help_ns as f64 / 1e6,
+                wait_ms = stats.wait_ns as f64 / 1e6,
+                "committer"
+            );
+        }
         state.apply_bundle(&out.bundle);
     }
 
