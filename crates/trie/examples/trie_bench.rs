@@ -9,8 +9,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| -> u64 {
-            let raw = args.next().unwrap_or_else(|| fail(&format!("{name} needs a value")));
-            raw.parse().unwrap_or_else(|_| fail(&format!("{name}: not a number: {raw}")))
+            let raw = args
+                .next()
+                .unwrap_or_else(|| fail(&format!("{name} needs a value")));
+            raw.parse()
+                .unwrap_or_else(|_| fail(&format!("{name}: not a number: {raw}")))
         };
         match arg.as_str() {
             "--accounts" => cfg.accounts = value("--accounts") as usize,

@@ -3,20 +3,20 @@
 //! thread pool by nibble wherever a subtree has many pending updates.
 //!
 //! Nodes never move except for extensions and leaves, whose keys depend on where they hang:
-//! a branch stays at its path whatever happens above it. So a branch result is committed
-//! (encoded, hashed, queued for writing) by the call that built it, while an extension or leaf
-//! result goes back to the parent, which either commits it at its path or merges it into
-//! itself when a deletion leaves the parent with a single child.
+//! a branch stays at its path whatever happens above it. A subtree's result goes back to its
+//! parent unwritten (a branch already hashed), and the parent writes all its changed children
+//! together, or merges a lone extension or leaf child into itself when deletions leave it with
+//! one child.
 
 use crate::{
     error::TrieError,
-    node::{Node, Value, child_index, rlp_node_counted, root_hash_of},
+    node::{Node, StoredNode, Value, rlp_node_counted, root_hash_of},
     store::{NodeStore, NodeUpdates, TrieId},
 };
 use alloy_primitives::B256;
 use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieMask, nodes::RlpNode};
 use rayon::prelude::*;
-use std::{borrow::Cow, sync::Arc};
+use std::borrow::Cow;
 
 /// A change to one key's value, applied to the key's current value when the walk reaches it.
 pub(crate) trait LeafOp: Sync {
@@ -35,12 +35,36 @@ pub(crate) struct Ctx<'a, S> {
 }
 
 impl<'s, S: NodeStore> Ctx<'s, S> {
-    fn get(&self, path: &Nibbles) -> Result<Option<Cow<'s, Node>>, TrieError> {
+    fn get(&self, path: &Nibbles) -> Result<Option<Cow<'s, StoredNode>>, TrieError> {
         self.store.get(self.trie, path).map_err(TrieError::store)
     }
 
-    fn get_existing(&self, path: &Nibbles) -> Result<Cow<'s, Node>, TrieError> {
-        self.get(path)?.ok_or(TrieError::MissingNode { trie: self.trie, path: *path })
+    fn get_existing(&self, path: &Nibbles) -> Result<Cow<'s, StoredNode>, TrieError> {
+        self.get(path)?.ok_or(TrieError::MissingNode {
+            trie: self.trie,
+            path: *path,
+        })
+    }
+
+    /// All children in `mask`, each required to exist.
+    fn get_children(
+        &self,
+        path: &Nibbles,
+        mask: TrieMask,
+    ) -> Result<[Option<Cow<'s, StoredNode>>; 16], TrieError> {
+        let children = self
+            .store
+            .get_children(self.trie, path, mask)
+            .map_err(TrieError::store)?;
+        for nibble in mask.iter() {
+            if children[usize::from(nibble)].is_none() {
+                return Err(TrieError::MissingNode {
+                    trie: self.trie,
+                    path: child_path(path, nibble),
+                });
+            }
+        }
+        Ok(children)
     }
 }
 
@@ -55,33 +79,28 @@ pub(crate) struct Out {
 }
 
 impl Out {
-    /// An output sized for about `updates` leaf updates: each touches a leaf and shares the
-    /// branches above it with its neighbours, about two written nodes per update in all.
-    pub(crate) fn for_updates(updates: usize) -> Self {
-        Self { nodes: NodeUpdates::with_capacity(updates * 2 + 8), ..Self::default() }
-    }
-
     pub(crate) fn merge(&mut self, mut other: Self) {
         self.nodes.append(&mut other.nodes);
         self.keccak_calls += other.keccak_calls;
     }
 
-    /// Encodes `node`, queues it for writing at `path`, and returns its reference.
-    fn commit(&mut self, path: Nibbles, node: Node) -> RlpNode {
-        let reference = self.encode(&node);
-        self.nodes.push_write(path, node);
-        reference
-    }
-
-    /// The reference of `node`: its RLP, or the hash of it.
-    fn encode(&mut self, node: &Node) -> RlpNode {
+    /// The reference of `node` (a branch with the given children): its RLP, or its hash.
+    fn encode(&mut self, node: &Node, children: &[RlpNode]) -> RlpNode {
         self.rlp.clear();
-        node.encode(&mut self.rlp);
+        node.encode(children, &mut self.rlp);
         rlp_node_counted(&self.rlp, &mut self.keccak_calls)
     }
 
-    fn write(&mut self, path: Nibbles, node: Node) {
-        self.nodes.push_write(path, node);
+    fn write(&mut self, path: Nibbles, node: Node, reference: RlpNode) {
+        self.nodes.push_write(path, StoredNode { node, reference });
+    }
+
+    /// Encodes an extension or leaf, queues it for writing at `path`, and returns its reference.
+    fn commit_short(&mut self, path: Nibbles, short: Short) -> RlpNode {
+        let node = short.into_node();
+        let reference = self.encode(&node, &[]);
+        self.write(path, node, reference.clone());
+        reference
     }
 
     fn delete(&mut self, path: Nibbles) {
@@ -105,9 +124,7 @@ impl Short {
     }
 
     fn prepend_nibble(self, nibble: u8) -> Self {
-        let mut prefix = Nibbles::new();
-        prefix.push_unchecked(nibble);
-        self.prepend(&prefix)
+        self.prepend(&single_nibble(nibble))
     }
 
     fn into_node(self) -> Node {
@@ -120,12 +137,11 @@ impl Short {
 
 /// The state of a subtree after its updates.
 enum Sub {
-    /// Exactly as before; the parent keeps its cached reference.
+    /// Exactly as before; the parent keeps the stored reference.
     Unchanged,
     /// No node is left.
     Empty,
-    /// A branch with its reference, hashed but not yet written: the parent writes it, next to
-    /// its siblings.
+    /// A branch with its reference, hashed but not yet written.
     Branch(RlpNode, Node),
     /// An extension or leaf for the parent to place.
     Short(Short),
@@ -140,8 +156,8 @@ pub(crate) enum RootChange {
 
 /// Applies `updates` (sorted by key, keys unique) to one trie. `wiped` starts from an empty
 /// trie whatever the store holds.
-pub(crate) fn update_trie<'s, S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'s, S>,
+pub(crate) fn update_trie<S: NodeStore, O: LeafOp>(
+    ctx: &Ctx<'_, S>,
     updates: &[(Nibbles, O)],
     wiped: bool,
     out: &mut Out,
@@ -149,40 +165,48 @@ pub(crate) fn update_trie<'s, S: NodeStore, O: LeafOp>(
     let root = Nibbles::new();
     let existing = if wiped { None } else { ctx.get(&root)? };
     let existed = existing.is_some();
-    Ok(match update_node(ctx, root, existing, updates, out)? {
-        Sub::Unchanged => RootChange::Unchanged,
-        Sub::Empty if !existed && !wiped => RootChange::Unchanged,
-        Sub::Empty => {
-            if existed {
-                out.delete(root);
+    Ok(
+        match update_node(ctx, root, existing.as_deref(), updates, out)? {
+            Sub::Unchanged => RootChange::Unchanged,
+            Sub::Empty if !existed && !wiped => RootChange::Unchanged,
+            Sub::Empty => {
+                if existed {
+                    out.delete(root);
+                }
+                RootChange::Changed(EMPTY_ROOT_HASH)
             }
-            RootChange::Changed(EMPTY_ROOT_HASH)
-        }
-        Sub::Branch(reference, node) => {
-            out.write(root, node);
-            RootChange::Changed(root_hash_of(&reference, &mut out.keccak_calls))
-        }
-        Sub::Short(short) => {
-            let reference = out.commit(root, short.into_node());
-            RootChange::Changed(root_hash_of(&reference, &mut out.keccak_calls))
-        }
-    })
+            Sub::Branch(reference, node) => {
+                let hash = root_hash_of(&reference, &mut out.keccak_calls);
+                out.write(root, node, reference);
+                RootChange::Changed(hash)
+            }
+            Sub::Short(short) => {
+                let reference = out.commit_short(root, short);
+                RootChange::Changed(root_hash_of(&reference, &mut out.keccak_calls))
+            }
+        },
+    )
 }
 
-/// The hash of the trie whose root node is `node`.
-pub(crate) fn root_of_node(node: Option<&Node>) -> B256 {
-    match node {
+/// The hash of the trie whose root is `root`.
+pub(crate) fn root_of_node(root: Option<&StoredNode>) -> B256 {
+    match root {
         None => EMPTY_ROOT_HASH,
-        Some(node) => alloy_primitives::keccak256(node.to_rlp()),
+        Some(root) => root_hash_of(&root.reference, &mut 0),
     }
 }
 
 /// The value stored under `key`, found by walking from the root.
-pub(crate) fn get_value<S: NodeStore>(ctx: &Ctx<'_, S>, key: &Nibbles) -> Result<Option<Value>, TrieError> {
+pub(crate) fn get_value<S: NodeStore>(
+    ctx: &Ctx<'_, S>,
+    key: &Nibbles,
+) -> Result<Option<Value>, TrieError> {
     let mut path = Nibbles::new();
     loop {
-        let Some(node) = ctx.get(&path)? else { return Ok(None) };
-        match &*node {
+        let Some(stored) = ctx.get(&path)? else {
+            return Ok(None);
+        };
+        match &stored.node {
             Node::Leaf { key: rest, value } => {
                 return Ok((path.join(rest) == *key).then(|| value.clone()));
             }
@@ -193,7 +217,7 @@ pub(crate) fn get_value<S: NodeStore>(ctx: &Ctx<'_, S>, key: &Nibbles) -> Result
                 }
                 path = next;
             }
-            Node::Branch { state_mask, value, .. } => {
+            Node::Branch { state_mask, value } => {
                 if key.len() == path.len() {
                     return Ok(value.clone());
                 }
@@ -207,29 +231,39 @@ pub(crate) fn get_value<S: NodeStore>(ctx: &Ctx<'_, S>, key: &Nibbles) -> Result
     }
 }
 
-fn update_node<'s, S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'s, S>,
+fn update_node<S: NodeStore, O: LeafOp>(
+    ctx: &Ctx<'_, S>,
     path: Nibbles,
-    existing: Option<Cow<'s, Node>>,
+    existing: Option<&StoredNode>,
     updates: &[(Nibbles, O)],
     out: &mut Out,
 ) -> Result<Sub, TrieError> {
     if updates.is_empty() {
-        return Ok(if existing.is_some() { Sub::Unchanged } else { Sub::Empty });
+        return Ok(if existing.is_some() {
+            Sub::Unchanged
+        } else {
+            Sub::Empty
+        });
     }
-    match existing.as_deref() {
+    match existing.map(|s| &s.node) {
         None => build_from_ops(ctx, path, updates, out),
-        Some(Node::Branch { state_mask, children, value }) => {
-            let branch = BranchIn { state_mask: *state_mask, children, virtual_child: None, value: value.clone() };
+        Some(Node::Branch { state_mask, value }) => {
+            let branch = BranchIn {
+                state_mask: *state_mask,
+                value: value.clone(),
+                virtual_child: None,
+            };
             update_branch(ctx, path, branch, updates, out)
         }
-        Some(Node::Extension { key, child }) => update_extension(ctx, path, *key, child.clone(), updates, out),
+        Some(Node::Extension { key, child }) => {
+            update_extension(ctx, path, *key, child.clone(), updates, out)
+        }
         Some(Node::Leaf { key, value }) => update_leaf(ctx, path, *key, value, updates, out),
     }
 }
 
-fn update_leaf<'s, S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'s, S>,
+fn update_leaf<S: NodeStore, O: LeafOp>(
+    ctx: &Ctx<'_, S>,
     path: Nibbles,
     key: Nibbles,
     value: &Value,
@@ -279,8 +313,8 @@ fn update_leaf<'s, S: NodeStore, O: LeafOp>(
     build_fresh(ctx, path, &entries, out)
 }
 
-fn update_extension<'s, S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'s, S>,
+fn update_extension<S: NodeStore, O: LeafOp>(
+    ctx: &Ctx<'_, S>,
     path: Nibbles,
     key: Nibbles,
     child: RlpNode,
@@ -293,25 +327,29 @@ fn update_extension<'s, S: NodeStore, O: LeafOp>(
     // extension's path is at one of the two ends.
     let first = &updates[0].0;
     let last = &updates[updates.len() - 1].0;
-    let shared = first.common_prefix_length(&full).min(last.common_prefix_length(&full));
+    let shared = first
+        .common_prefix_length(&full)
+        .min(last.common_prefix_length(&full));
 
     if shared == full.len() {
         let child_node = ctx.get_existing(&full)?;
-        return Ok(match update_node(ctx, full, Some(child_node), updates, out)? {
-            Sub::Unchanged => Sub::Unchanged,
-            Sub::Empty => {
-                out.delete(full);
-                Sub::Empty
-            }
-            Sub::Branch(reference, node) => {
-                out.write(full, node);
-                Sub::Short(Short::Extension(key, reference))
-            }
-            Sub::Short(short) => {
-                out.delete(full);
-                Sub::Short(short.prepend(&key))
-            }
-        });
+        return Ok(
+            match update_node(ctx, full, Some(&child_node), updates, out)? {
+                Sub::Unchanged => Sub::Unchanged,
+                Sub::Empty => {
+                    out.delete(full);
+                    Sub::Empty
+                }
+                Sub::Branch(reference, node) => {
+                    out.write(full, node, reference.clone());
+                    Sub::Short(Short::Extension(key, reference))
+                }
+                Sub::Short(short) => {
+                    out.delete(full);
+                    Sub::Short(short.prepend(&key))
+                }
+            },
+        );
     }
 
     // Some key leaves the extension part-way: treat the point where it does as a branch with
@@ -320,20 +358,18 @@ fn update_extension<'s, S: NodeStore, O: LeafOp>(
     let at = full.slice(..shared);
     let nibble = key.get_unchecked(split);
     let rest = key.slice(split + 1..);
-    let only_child = [child.clone()];
     let branch = if rest.is_empty() {
+        // The child branch itself hangs right below the split point.
         BranchIn {
             state_mask: TrieMask::from_nibble(nibble),
-            children: &only_child,
-            virtual_child: None,
             value: None,
+            virtual_child: None,
         }
     } else {
         BranchIn {
             state_mask: TrieMask::default(),
-            children: &[],
-            virtual_child: Some((nibble, Short::Extension(rest, child))),
             value: None,
+            virtual_child: Some((nibble, Short::Extension(rest, child))),
         }
     };
     let sub = update_branch(ctx, at, branch, updates, out)?;
@@ -345,7 +381,7 @@ fn update_extension<'s, S: NodeStore, O: LeafOp>(
         Sub::Unchanged => Sub::Unchanged,
         Sub::Empty => Sub::Empty,
         Sub::Branch(reference, node) => {
-            out.write(at, node);
+            out.write(at, node, reference.clone());
             Sub::Short(Short::Extension(prefix, reference))
         }
         Sub::Short(short) => Sub::Short(short.prepend(&prefix)),
@@ -354,30 +390,12 @@ fn update_extension<'s, S: NodeStore, O: LeafOp>(
 
 /// A branch to update: a stored one, or one that exists only during this update because an
 /// extension is being split (then its one child may not be in the store either).
-struct BranchIn<'a> {
+struct BranchIn {
+    /// The children that are in the store.
     state_mask: TrieMask,
-    /// References of the children in `state_mask`, which are in the store.
-    children: &'a [RlpNode],
+    value: Option<Value>,
     /// A child under a nibble outside `state_mask` that is not in the store.
     virtual_child: Option<(u8, Short)>,
-    value: Option<Value>,
-}
-
-impl BranchIn<'_> {
-    fn existing_child<'s, S: NodeStore>(
-        &self,
-        ctx: &Ctx<'s, S>,
-        path: &Nibbles,
-        nibble: u8,
-    ) -> Result<Option<Cow<'s, Node>>, TrieError> {
-        if self.state_mask.is_bit_set(nibble) {
-            return ctx.get_existing(path).map(Some);
-        }
-        Ok(match &self.virtual_child {
-            Some((n, short)) if *n == nibble => Some(Cow::Owned(short.clone().into_node())),
-            _ => None,
-        })
-    }
 }
 
 /// Up to sixteen runs of updates, one per child nibble: (nibble, start, end).
@@ -395,13 +413,18 @@ impl Groups {
 /// Splits sorted items, all longer than `depth` and sharing the nibbles before it, into runs
 /// by the nibble at `depth`; binary search keeps this cheap for large runs.
 fn nibble_groups<T>(items: &[(Nibbles, T)], depth: usize) -> Groups {
-    let mut groups = Groups { runs: [(0, 0, 0); 16], len: 0 };
+    let mut groups = Groups {
+        runs: [(0, 0, 0); 16],
+        len: 0,
+    };
     let mut start = 0;
     while start < items.len() && groups.len < 16 {
         let nibble = items[start].0.get_unchecked(depth);
         let rest = &items[start..];
         let run = if rest.len() <= 8 {
-            rest.iter().take_while(|(k, _)| k.get_unchecked(depth) == nibble).count()
+            rest.iter()
+                .take_while(|(k, _)| k.get_unchecked(depth) == nibble)
+                .count()
         } else {
             rest.partition_point(|(k, _)| k.get_unchecked(depth) <= nibble)
         };
@@ -414,23 +437,19 @@ fn nibble_groups<T>(items: &[(Nibbles, T)], depth: usize) -> Groups {
     groups
 }
 
-/// Asks for the cache line at `ptr` ahead of use: a branch's child references live in their
-/// own allocation, whose miss would otherwise wait until the branch is re-encoded.
+/// Asks for the memory at `ptr` ahead of use, so that the misses of sibling nodes overlap
+/// instead of each waiting until the walk reaches its node.
 #[inline(always)]
-fn prefetch(ptr: *const u8) {
+fn prefetch(ptr: *const u8, lines: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
+    for line in 0..lines {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a hint that never
         // faults, whatever the address.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(ptr.cast());
-            _mm_prefetch::<_MM_HINT_T0>(ptr.wrapping_add(64).cast());
-            _mm_prefetch::<_MM_HINT_T0>(ptr.wrapping_add(128).cast());
-        }
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.wrapping_add(line * 64).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = ptr;
+    let _ = (ptr, lines);
 }
 
 fn child_path(path: &Nibbles, nibble: u8) -> Nibbles {
@@ -445,10 +464,10 @@ fn single_nibble(nibble: u8) -> Nibbles {
     key
 }
 
-fn update_branch<'s, S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'s, S>,
+fn update_branch<S: NodeStore, O: LeafOp>(
+    ctx: &Ctx<'_, S>,
     path: Nibbles,
-    branch: BranchIn<'_>,
+    branch: BranchIn,
     updates: &[(Nibbles, O)],
     out: &mut Out,
 ) -> Result<Sub, TrieError> {
@@ -478,19 +497,51 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
         updates = rest;
     }
 
+    // Every stored child, in one lookup: the ones with updates to descend into, the others
+    // for their references when this branch is re-encoded.
+    let stored = ctx.get_children(&path, branch.state_mask)?;
+    let groups = nibble_groups(updates, depth);
+    for &(nibble, _, _) in groups.as_slice() {
+        if let Some(child) = stored[usize::from(nibble)].as_deref() {
+            prefetch((child as *const StoredNode).cast(), 3);
+        }
+    }
+    // The untouched children are read only for their references, once the others are done.
+    for child in stored.iter().flatten() {
+        prefetch((&child.reference as *const RlpNode).cast(), 1);
+    }
+    let virtual_node = branch.virtual_child.as_ref().map(|(nibble, short)| {
+        (
+            *nibble,
+            StoredNode {
+                node: short.clone().into_node(),
+                reference: RlpNode::default(),
+            },
+        )
+    });
+    let existing = |nibble: u8| -> Option<&StoredNode> {
+        match &virtual_node {
+            Some((n, node)) if *n == nibble => Some(node),
+            _ => stored[usize::from(nibble)].as_deref(),
+        }
+    };
+
     // Results of the children that have updates, by nibble.
     let mut results: [Option<Sub>; 16] = std::array::from_fn(|_| None);
-    let groups = nibble_groups(updates, depth);
     if updates.len() >= ctx.split_at && groups.len > 1 {
         let outputs: Vec<Result<(u8, Sub, Out), TrieError>> = groups
             .as_slice()
             .par_iter()
             .with_max_len(1)
             .map(|&(nibble, start, end)| {
-                let mut local = Out::for_updates(end - start);
-                let child = child_path(&path, nibble);
-                let existing = branch.existing_child(ctx, &child, nibble)?;
-                let sub = update_node(ctx, child, existing, &updates[start..end], &mut local)?;
+                let mut local = Out::default();
+                let sub = update_node(
+                    ctx,
+                    child_path(&path, nibble),
+                    existing(nibble),
+                    &updates[start..end],
+                    &mut local,
+                )?;
                 Ok((nibble, sub, local))
             })
             .collect();
@@ -500,28 +551,19 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
             results[usize::from(nibble)] = Some(sub);
         }
     } else {
-        // Look all children up before descending, so that their cache misses overlap.
-        let mut existing: [Option<Cow<'s, Node>>; 16] = std::array::from_fn(|_| None);
-        for &(nibble, _, _) in groups.as_slice() {
-            let child = branch.existing_child(ctx, &child_path(&path, nibble), nibble)?;
-            if let Some(node) = child.as_deref() {
-                prefetch((node as *const Node).cast());
-            }
-            existing[usize::from(nibble)] = child;
-        }
-        for &(nibble, _, _) in groups.as_slice() {
-            if let Some(Node::Branch { children, .. }) = existing[usize::from(nibble)].as_deref() {
-                prefetch(children.as_ptr().cast());
-            }
-        }
         for &(nibble, start, end) in groups.as_slice() {
-            let child = existing[usize::from(nibble)].take();
-            let sub = update_node(ctx, child_path(&path, nibble), child, &updates[start..end], out)?;
+            let sub = update_node(
+                ctx,
+                child_path(&path, nibble),
+                existing(nibble),
+                &updates[start..end],
+                out,
+            )?;
             results[usize::from(nibble)] = Some(sub);
         }
     }
 
-    let virtual_nibble = branch.virtual_child.as_ref().map(|(n, _)| *n);
+    let virtual_nibble = virtual_node.as_ref().map(|(n, _)| *n);
     let mut state_mask = TrieMask::default();
     for nibble in 0..16u8 {
         let existed = branch.state_mask.is_bit_set(nibble) || virtual_nibble == Some(nibble);
@@ -549,34 +591,32 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
         return Ok(Sub::Unchanged);
     }
 
-    // The child under `nibble` that was not updated (or updated to the same thing).
-    let unchanged_child = |nibble: u8| -> Option<&RlpNode> {
-        branch.state_mask.is_bit_set(nibble).then(|| branch.children.get(child_index(branch.state_mask, nibble))).flatten()
-    };
-
     let count = state_mask.count_ones();
     if count >= 2 || (count == 1 && value.is_some()) {
+        // Still a branch: write the changed children side by side, then encode this branch
+        // over the new references and the stored ones of the untouched children.
         let mut children: [RlpNode; 16] = std::array::from_fn(|_| RlpNode::default());
         for (i, nibble) in state_mask.iter().enumerate() {
             let child = child_path(&path, nibble);
             children[i] = match results[usize::from(nibble)].take() {
                 Some(Sub::Branch(reference, node)) => {
-                    out.write(child, node);
+                    out.write(child, node, reference.clone());
                     reference
                 }
-                Some(Sub::Short(short)) => out.commit(child, short.into_node()),
-                _ => match unchanged_child(nibble) {
-                    Some(reference) => reference.clone(),
+                Some(Sub::Short(short)) => out.commit_short(child, short),
+                _ => match (&stored[usize::from(nibble)], &branch.virtual_child) {
+                    (Some(stored), _) => stored.reference.clone(),
                     // The split-off rest of an extension is written now that it has a sibling.
-                    None => match &branch.virtual_child {
-                        Some((_, short)) => out.commit(child, short.clone().into_node()),
-                        None => return Err(TrieError::Invariant("branch child without reference")),
-                    },
+                    (None, Some((_, short))) => out.commit_short(child, short.clone()),
+                    (None, None) => {
+                        return Err(TrieError::Invariant("branch child without a node"));
+                    }
                 },
             };
         }
-        let node = Node::Branch { state_mask, children: Arc::from(&children[..count as usize]), value };
-        return Ok(Sub::Branch(out.encode(&node), node));
+        let node = Node::Branch { state_mask, value };
+        let reference = out.encode(&node, &children[..count as usize]);
+        return Ok(Sub::Branch(reference, node));
     }
 
     if count == 1 {
@@ -585,35 +625,40 @@ fn update_branch<'s, S: NodeStore, O: LeafOp>(
             return Err(TrieError::Invariant("mask with one bit has no first bit"));
         };
         let child = child_path(&path, nibble);
-        let stored = branch.state_mask.is_bit_set(nibble);
+        let was_stored = branch.state_mask.is_bit_set(nibble);
         return Ok(match results[usize::from(nibble)].take() {
             Some(Sub::Branch(reference, node)) => {
-                out.write(child, node);
+                out.write(child, node, reference.clone());
                 Sub::Short(Short::Extension(single_nibble(nibble), reference))
             }
             Some(Sub::Short(short)) => {
-                if stored {
+                if was_stored {
                     out.delete(child);
                 }
                 Sub::Short(short.prepend_nibble(nibble))
             }
-            _ if stored => match &*ctx.get_existing(&child)? {
-                Node::Branch { .. } => match unchanged_child(nibble) {
-                    Some(reference) => Sub::Short(Short::Extension(single_nibble(nibble), reference.clone())),
-                    None => return Err(TrieError::Invariant("stored child without reference")),
+            _ => match (&stored[usize::from(nibble)], &branch.virtual_child) {
+                (Some(stored), _) => match &stored.node {
+                    Node::Branch { .. } => Sub::Short(Short::Extension(
+                        single_nibble(nibble),
+                        stored.reference.clone(),
+                    )),
+                    Node::Extension {
+                        key,
+                        child: grandchild,
+                    } => {
+                        out.delete(child);
+                        Sub::Short(
+                            Short::Extension(*key, grandchild.clone()).prepend_nibble(nibble),
+                        )
+                    }
+                    Node::Leaf { key, value } => {
+                        out.delete(child);
+                        Sub::Short(Short::Leaf(*key, value.clone()).prepend_nibble(nibble))
+                    }
                 },
-                Node::Extension { key, child: grandchild } => {
-                    out.delete(child);
-                    Sub::Short(Short::Extension(*key, grandchild.clone()).prepend_nibble(nibble))
-                }
-                Node::Leaf { key, value } => {
-                    out.delete(child);
-                    Sub::Short(Short::Leaf(*key, value.clone()).prepend_nibble(nibble))
-                }
-            },
-            _ => match &branch.virtual_child {
-                Some((_, short)) => Sub::Short(short.clone().prepend_nibble(nibble)),
-                None => return Err(TrieError::Invariant("lone child without node")),
+                (None, Some((_, short))) => Sub::Short(short.clone().prepend_nibble(nibble)),
+                (None, None) => return Err(TrieError::Invariant("lone child without a node")),
             },
         });
     }
@@ -677,8 +722,11 @@ fn build_fresh<S: NodeStore>(
             if shared > depth {
                 let at = first.slice(..shared);
                 let (reference, node) = build_branch(ctx, at, entries, out)?;
-                out.write(at, node);
-                Ok(Sub::Short(Short::Extension(first.slice(depth..shared), reference)))
+                out.write(at, node, reference.clone());
+                Ok(Sub::Short(Short::Extension(
+                    first.slice(depth..shared),
+                    reference,
+                )))
             } else {
                 let (reference, node) = build_branch(ctx, path, entries, out)?;
                 Ok(Sub::Branch(reference, node))
@@ -702,19 +750,24 @@ fn build_branch<S: NodeStore>(
     };
     let groups = nibble_groups(rest, depth);
     // The child's reference and its node, not yet written.
-    let build_child = |nibble: u8, start: usize, end: usize, out: &mut Out| -> Result<(RlpNode, Node), TrieError> {
+    let build_child = |nibble: u8,
+                       start: usize,
+                       end: usize,
+                       out: &mut Out|
+     -> Result<(RlpNode, Node), TrieError> {
         match build_fresh(ctx, child_path(&path, nibble), &rest[start..end], out)? {
             Sub::Branch(reference, node) => Ok((reference, node)),
             Sub::Short(short) => {
                 let node = short.into_node();
-                Ok((out.encode(&node), node))
+                Ok((out.encode(&node, &[]), node))
             }
             // A run is never empty, so neither is its subtree.
-            Sub::Empty | Sub::Unchanged => Err(TrieError::Invariant("empty subtree from a non-empty run")),
+            Sub::Empty | Sub::Unchanged => {
+                Err(TrieError::Invariant("empty subtree from a non-empty run"))
+            }
         }
     };
 
-    let mut state_mask = TrieMask::default();
     let mut children: [RlpNode; 16] = std::array::from_fn(|_| RlpNode::default());
     let mut pending: [Option<Node>; 16] = std::array::from_fn(|_| None);
     if rest.len() >= ctx.split_at && groups.len > 1 {
@@ -723,7 +776,7 @@ fn build_branch<S: NodeStore>(
             .par_iter()
             .with_max_len(1)
             .map(|&(nibble, start, end)| {
-                let mut local = Out::for_updates(end - start);
+                let mut local = Out::default();
                 let (reference, node) = build_child(nibble, start, end, &mut local)?;
                 Ok((reference, node, local))
             })
@@ -742,12 +795,13 @@ fn build_branch<S: NodeStore>(
         }
     }
     // The children are written together, after their subtrees.
+    let mut state_mask = TrieMask::default();
     for (i, &(nibble, _, _)) in groups.as_slice().iter().enumerate() {
         state_mask.set_bit(nibble);
         if let Some(node) = pending[i].take() {
-            out.write(child_path(&path, nibble), node);
+            out.write(child_path(&path, nibble), node, children[i].clone());
         }
     }
-    let node = Node::Branch { state_mask, children: Arc::from(&children[..groups.len]), value };
-    Ok((out.encode(&node), node))
+    let node = Node::Branch { state_mask, value };
+    Ok((out.encode(&node, &children[..groups.len]), node))
 }

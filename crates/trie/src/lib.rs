@@ -6,6 +6,8 @@
 //!   storage tries and then the account trie spread over a persistent worker pool and split by
 //!   nibble wherever a subtree has many updates. The output is the new root plus the node
 //!   writes and deletes to persist ([`TrieUpdates`]).
+//!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
+//!   its children's stored references and only the nodes on changed paths are rewritten.
 //! - [`RawTrie`]: the same engine over raw keys of any length (the ethereum/tests vectors).
 //! - [`reference`]: the root by a full alloy-trie `HashBuilder` build, the definition the
 //!   trie is tested against.
@@ -23,7 +25,7 @@ mod state_trie;
 mod store;
 
 pub use error::TrieError;
-pub use node::{Node, NodeDecodeError, Value, hex_prefix};
+pub use node::{Node, NodeDecodeError, StoredNode, Value};
 pub use raw::RawTrie;
 pub use state::{HashedAccount, HashedPostState, HashedStorage};
 pub use state_trie::{StateRootOutput, StateTrie, TrieConfig, TrieStats};

@@ -42,7 +42,12 @@ fn key_nibbles(key: &[u8]) -> Result<Nibbles, TrieError> {
 impl<S: NodeStore> RawTrie<S> {
     /// Opens the trie held by `store`.
     pub fn new(store: S) -> Result<Self, TrieError> {
-        let root = root_of_node(store.get(TrieId::Account, &Nibbles::new()).map_err(TrieError::store)?.as_deref());
+        let root = root_of_node(
+            store
+                .get(TrieId::Account, &Nibbles::new())
+                .map_err(TrieError::store)?
+                .as_deref(),
+        );
         Ok(Self { root, store })
     }
 
@@ -58,7 +63,10 @@ impl<S: NodeStore> RawTrie<S> {
 
     /// Sets (`Some`) or deletes (`None`, or an empty value, as geth does) keys; a later item
     /// for the same key wins. Returns the node changes, already written to the store.
-    pub fn update<K, V>(&mut self, items: impl IntoIterator<Item = (K, Option<V>)>) -> Result<TrieUpdates, TrieError>
+    pub fn update<K, V>(
+        &mut self,
+        items: impl IntoIterator<Item = (K, Option<V>)>,
+    ) -> Result<TrieUpdates, TrieError>
     where
         K: AsRef<[u8]>,
         V: AsRef<[u8]>,
@@ -67,12 +75,21 @@ impl<S: NodeStore> RawTrie<S> {
         for (key, value) in items {
             latest.insert(key_nibbles(key.as_ref())?, value);
         }
-        let ops: Vec<(Nibbles, RawOp<'_>)> =
-            latest.iter().map(|(key, value)| (*key, RawOp(value.as_ref().map(AsRef::as_ref)))).collect();
-        let ctx = Ctx { store: &self.store, trie: TrieId::Account, split_at: usize::MAX };
+        let ops: Vec<(Nibbles, RawOp<'_>)> = latest
+            .iter()
+            .map(|(key, value)| (*key, RawOp(value.as_ref().map(AsRef::as_ref))))
+            .collect();
+        let ctx = Ctx {
+            store: &self.store,
+            trie: TrieId::Account,
+            split_at: usize::MAX,
+        };
         let mut out = Out::default();
         let change = update_trie(&ctx, &ops, false, &mut out)?;
-        let updates = TrieUpdates { account_nodes: out.nodes, ..Default::default() };
+        let updates = TrieUpdates {
+            account_nodes: out.nodes,
+            ..Default::default()
+        };
         self.store.apply(&updates).map_err(TrieError::store)?;
         if let RootChange::Changed(root) = change {
             self.root = root;
@@ -82,7 +99,11 @@ impl<S: NodeStore> RawTrie<S> {
 
     /// The value under `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, TrieError> {
-        let ctx = Ctx { store: &self.store, trie: TrieId::Account, split_at: usize::MAX };
+        let ctx = Ctx {
+            store: &self.store,
+            trie: TrieId::Account,
+            split_at: usize::MAX,
+        };
         Ok(get_value(&ctx, &key_nibbles(key)?)?.map(|v| v.to_vec()))
     }
 }
@@ -90,7 +111,10 @@ impl<S: NodeStore> RawTrie<S> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::{node::Node, reference};
+    use crate::{
+        node::{Node, StoredNode},
+        reference,
+    };
     use alloy_primitives::keccak256;
     use alloy_rlp::{Encodable, Header};
     use alloy_trie::{BranchNodeCompact, EMPTY_ROOT_HASH};
@@ -100,13 +124,18 @@ pub(crate) mod tests {
     // ---- ethereum/tests TrieTests -------------------------------------------------------
 
     fn vectors_dir() -> PathBuf {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/ethereum-tests/TrieTests"))
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/fixtures/ethereum-tests/TrieTests"
+        ))
     }
 
     /// geth's convention: a `0x` string is hex, anything else is its UTF-8 bytes.
     fn decode_str(s: &str) -> Vec<u8> {
         match s.strip_prefix("0x") {
-            Some(hex_digits) => hex::decode(hex_digits).unwrap_or_else(|e| panic!("bad hex {s}: {e}")),
+            Some(hex_digits) => {
+                hex::decode(hex_digits).unwrap_or_else(|e| panic!("bad hex {s}: {e}"))
+            }
             None => s.as_bytes().to_vec(),
         }
     }
@@ -117,7 +146,11 @@ pub(crate) mod tests {
     fn vector_ops(input: &serde_json::Value, secure: bool) -> Vec<Op> {
         let key = |k: &str| {
             let raw = decode_str(k);
-            if secure { keccak256(&raw).to_vec() } else { raw }
+            if secure {
+                keccak256(&raw).to_vec()
+            } else {
+                raw
+            }
         };
         let value = |v: &serde_json::Value| v.as_str().map(decode_str);
         match input {
@@ -143,7 +176,8 @@ pub(crate) mod tests {
 
     fn root_batched(ops: &[Op]) -> (B256, MemNodeStore) {
         let mut trie = RawTrie::new(MemNodeStore::new()).unwrap();
-        trie.update(ops.iter().map(|(k, v)| (k, v.as_ref()))).unwrap();
+        trie.update(ops.iter().map(|(k, v)| (k, v.as_ref())))
+            .unwrap();
         (trie.root(), trie.store().clone())
     }
 
@@ -162,10 +196,15 @@ pub(crate) mod tests {
             let path = dir.join(file);
             let text = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("TrieTests vectors missing at {}: {e}", path.display()));
-            let tests: BTreeMap<String, serde_json::Value> = serde_json::from_str(&text).expect("valid JSON");
+            let tests: BTreeMap<String, serde_json::Value> =
+                serde_json::from_str(&text).expect("valid JSON");
             assert!(!tests.is_empty(), "{file} holds no vectors");
             for (name, test) in tests {
-                let expected: B256 = test["root"].as_str().expect("root").parse().expect("root hash");
+                let expected: B256 = test["root"]
+                    .as_str()
+                    .expect("root")
+                    .parse()
+                    .expect("root hash");
                 let ops = vector_ops(&test["in"], secure);
                 assert_eq!(root_one_by_one(&ops), expected, "{file}/{name} one by one");
                 let (batched, store) = root_batched(&ops);
@@ -175,7 +214,11 @@ pub(crate) mod tests {
                     // and the same stored nodes.
                     let mut reversed = ops.clone();
                     reversed.reverse();
-                    assert_eq!(root_one_by_one(&reversed), expected, "{file}/{name} reversed");
+                    assert_eq!(
+                        root_one_by_one(&reversed),
+                        expected,
+                        "{file}/{name} reversed"
+                    );
                     for shift in 1..ops.len() {
                         let mut rotated = ops.clone();
                         rotated.rotate_left(shift);
@@ -184,7 +227,10 @@ pub(crate) mod tests {
                             trie.update([(k, v.as_ref())]).unwrap();
                         }
                         assert_eq!(trie.root(), expected, "{file}/{name} rotated {shift}");
-                        assert_eq!(trie.store().nodes(TrieId::Account), store.nodes(TrieId::Account));
+                        assert_eq!(
+                            trie.store().nodes(TrieId::Account),
+                            store.nodes(TrieId::Account)
+                        );
                     }
                 }
                 checked += 1;
@@ -196,17 +242,27 @@ pub(crate) mod tests {
     #[test]
     fn vector_values_read_back() {
         let mut trie = RawTrie::new(MemNodeStore::new()).unwrap();
-        trie.update([("do", Some("verb")), ("dog", Some("puppy")), ("doge", Some("coin")), ("horse", Some("stallion"))])
-            .unwrap();
+        trie.update([
+            ("do", Some("verb")),
+            ("dog", Some("puppy")),
+            ("doge", Some("coin")),
+            ("horse", Some("stallion")),
+        ])
+        .unwrap();
         assert_eq!(trie.get(b"do").unwrap().as_deref(), Some(&b"verb"[..]));
         assert_eq!(trie.get(b"doge").unwrap().as_deref(), Some(&b"coin"[..]));
         assert_eq!(trie.get(b"d").unwrap(), None);
         assert_eq!(trie.get(b"dogs").unwrap(), None);
-        assert!(matches!(trie.get(&[0u8; 33]), Err(TrieError::KeyTooLong(33))));
-        trie.update([("do", None::<&str>), ("dog", Some(""))]).unwrap();
+        assert!(matches!(
+            trie.get(&[0u8; 33]),
+            Err(TrieError::KeyTooLong(33))
+        ));
+        trie.update([("do", None::<&str>), ("dog", Some(""))])
+            .unwrap();
         assert_eq!(trie.get(b"do").unwrap(), None);
         assert_eq!(trie.get(b"dog").unwrap(), None);
-        trie.update([("doge", None::<&str>), ("horse", None)]).unwrap();
+        trie.update([("doge", None::<&str>), ("horse", None)])
+            .unwrap();
         assert_eq!(trie.root(), EMPTY_ROOT_HASH);
         assert!(trie.store().is_empty());
     }
@@ -216,7 +272,7 @@ pub(crate) mod tests {
     fn naive_hex_prefix(nibbles: &[u8], leaf: bool) -> Vec<u8> {
         let flag = if leaf { 2 } else { 0 } + (nibbles.len() % 2) as u8;
         let mut all = vec![flag];
-        if nibbles.len() % 2 == 0 {
+        if nibbles.len().is_multiple_of(2) {
             all.push(0);
         }
         all.extend_from_slice(nibbles);
@@ -226,7 +282,11 @@ pub(crate) mod tests {
     fn naive_list(items: &[Vec<u8>]) -> Vec<u8> {
         let payload: usize = items.iter().map(Vec::len).sum();
         let mut out = Vec::new();
-        Header { list: true, payload_length: payload }.encode(&mut out);
+        Header {
+            list: true,
+            payload_length: payload,
+        }
+        .encode(&mut out);
         for item in items {
             out.extend_from_slice(item);
         }
@@ -240,16 +300,27 @@ pub(crate) mod tests {
     }
 
     fn naive_ref(node: Vec<u8>) -> Vec<u8> {
-        if node.len() < 32 { node } else { naive_string(keccak256(&node).as_slice()) }
+        if node.len() < 32 {
+            node
+        } else {
+            naive_string(keccak256(&node).as_slice())
+        }
     }
 
     /// RLP of the node over `entries` (key nibbles, value), all sharing `depth` nibbles.
     fn naive_node(entries: &[(Vec<u8>, Vec<u8>)], depth: usize) -> Vec<u8> {
         if let [(key, value)] = entries {
-            return naive_list(&[naive_string(&naive_hex_prefix(&key[depth..], true)), naive_string(value)]);
+            return naive_list(&[
+                naive_string(&naive_hex_prefix(&key[depth..], true)),
+                naive_string(value),
+            ]);
         }
         let shared = (depth..)
-            .take_while(|&i| entries.iter().all(|(k, _)| k.len() > i && k[i] == entries[0].0[i]))
+            .take_while(|&i| {
+                entries
+                    .iter()
+                    .all(|(k, _)| k.len() > i && k[i] == entries[0].0[i])
+            })
             .count();
         if shared > 0 {
             let child = naive_ref(naive_node(entries, depth + shared));
@@ -258,10 +329,21 @@ pub(crate) mod tests {
         }
         let mut items = Vec::new();
         for nibble in 0..16u8 {
-            let group: Vec<_> = entries.iter().filter(|(k, _)| k.len() > depth && k[depth] == nibble).cloned().collect();
-            items.push(if group.is_empty() { vec![0x80] } else { naive_ref(naive_node(&group, depth + 1)) });
+            let group: Vec<_> = entries
+                .iter()
+                .filter(|(k, _)| k.len() > depth && k[depth] == nibble)
+                .cloned()
+                .collect();
+            items.push(if group.is_empty() {
+                vec![0x80]
+            } else {
+                naive_ref(naive_node(&group, depth + 1))
+            });
         }
-        let value = entries.iter().find(|(k, _)| k.len() == depth).map_or(&[][..], |(_, v)| v.as_slice());
+        let value = entries
+            .iter()
+            .find(|(k, _)| k.len() == depth)
+            .map_or(&[][..], |(_, v)| v.as_slice());
         items.push(naive_string(value));
         naive_list(&items)
     }
@@ -270,8 +352,15 @@ pub(crate) mod tests {
         if map.is_empty() {
             return EMPTY_ROOT_HASH;
         }
-        let entries: Vec<(Vec<u8>, Vec<u8>)> =
-            map.iter().map(|(k, v)| (k.iter().flat_map(|b| [b >> 4, b & 0x0f]).collect(), v.clone())).collect();
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = map
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.iter().flat_map(|b| [b >> 4, b & 0x0f]).collect(),
+                    v.clone(),
+                )
+            })
+            .collect();
         keccak256(naive_node(&entries, 0))
     }
 
@@ -283,7 +372,9 @@ pub(crate) mod tests {
             (b"doge".to_vec(), b"coin".to_vec()),
             (b"dog".to_vec(), b"puppy".to_vec()),
         ]);
-        let expected: B256 = "0x5991bb8c6514148a29db676a14ac506cd2cd5775ace63c30a4fe457715e9ac84".parse().unwrap();
+        let expected: B256 = "0x5991bb8c6514148a29db676a14ac506cd2cd5775ace63c30a4fe457715e9ac84"
+            .parse()
+            .unwrap();
         assert_eq!(naive_root(&map), expected);
     }
 
@@ -293,35 +384,71 @@ pub(crate) mod tests {
     /// `HashBuilder` build of `leaves` produces: same paths, same child masks, same hashes of
     /// hashed children. `leaves` must have equal-length keys.
     pub(crate) fn assert_branches_match_hash_builder(
-        nodes: &BTreeMap<Nibbles, Node>,
+        nodes: &BTreeMap<Nibbles, StoredNode>,
         leaves: &BTreeMap<Nibbles, Vec<u8>>,
         root: B256,
     ) {
-        let (expected_root, expected) = reference::branch_nodes(leaves.iter().map(|(k, v)| (*k, v.as_slice())));
+        let (expected_root, expected) =
+            reference::branch_nodes(leaves.iter().map(|(k, v)| (*k, v.as_slice())));
         assert_eq!(root, expected_root, "root");
-        let ours: BTreeMap<Nibbles, (&alloy_trie::TrieMask, &[alloy_trie::nodes::RlpNode])> = nodes
+        let ours: BTreeMap<Nibbles, alloy_trie::TrieMask> = nodes
             .iter()
-            .filter_map(|(p, n)| match n {
-                Node::Branch { state_mask, children, .. } => Some((*p, (state_mask, &children[..]))),
+            .filter_map(|(p, n)| match n.node {
+                Node::Branch { state_mask, .. } => Some((*p, state_mask)),
                 _ => None,
             })
             .collect();
-        assert_eq!(ours.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "branch paths");
+        assert_eq!(
+            ours.keys().collect::<Vec<_>>(),
+            expected.keys().collect::<Vec<_>>(),
+            "branch paths"
+        );
         for (path, compact) in &expected {
-            let BranchNodeCompact { state_mask, hash_mask, .. } = compact;
-            let (mask, children) = ours[path];
-            assert_eq!(mask, state_mask, "state mask at {path:?}");
+            let BranchNodeCompact {
+                state_mask,
+                hash_mask,
+                ..
+            } = compact;
+            assert_eq!(&ours[path], state_mask, "state mask at {path:?}");
             for nibble in hash_mask.iter() {
-                let index = crate::node::child_index(*mask, nibble);
-                assert_eq!(children[index].as_hash(), Some(compact.hash_for_nibble(nibble)), "child {nibble} at {path:?}");
+                let mut child = *path;
+                child.push(nibble);
+                let stored = &nodes[&child];
+                assert_eq!(
+                    stored.reference.as_hash(),
+                    Some(compact.hash_for_nibble(nibble)),
+                    "child {nibble} at {path:?}"
+                );
             }
+        }
+        // Every stored reference is the one its node encodes to.
+        for (path, stored) in nodes {
+            let children: Vec<alloy_trie::nodes::RlpNode> = match stored.node {
+                Node::Branch { state_mask, .. } => state_mask
+                    .iter()
+                    .map(|n| {
+                        let mut child = *path;
+                        child.push(n);
+                        nodes[&child].reference.clone()
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            assert_eq!(
+                stored.node.reference(&children),
+                stored.reference,
+                "reference at {path:?}"
+            );
         }
     }
 
     // ---- property tests -----------------------------------------------------------------
 
     fn small_key(max_len: usize) -> impl Strategy<Value = Vec<u8>> {
-        prop::collection::vec(prop::sample::select(vec![0x00u8, 0x01, 0x10, 0x11, 0xab]), 0..=max_len)
+        prop::collection::vec(
+            prop::sample::select(vec![0x00u8, 0x01, 0x10, 0x11, 0xab]),
+            0..=max_len,
+        )
     }
 
     fn small_value() -> impl Strategy<Value = Option<Vec<u8>>> {
@@ -332,8 +459,13 @@ pub(crate) mod tests {
         ]
     }
 
-    fn batches(max_len: usize) -> impl Strategy<Value = Vec<Vec<(Vec<u8>, Option<Vec<u8>>)>>> {
-        prop::collection::vec(prop::collection::vec((small_key(max_len), small_value()), 1..12), 1..8)
+    type Batch = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+    fn batches(max_len: usize) -> impl Strategy<Value = Vec<Batch>> {
+        prop::collection::vec(
+            prop::collection::vec((small_key(max_len), small_value()), 1..12),
+            1..8,
+        )
     }
 
     proptest! {

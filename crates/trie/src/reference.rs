@@ -19,20 +19,38 @@ pub fn root_of_sorted<'a>(leaves: impl IntoIterator<Item = (Nibbles, &'a [u8])>)
 
 /// Storage root over hashed slots; zero values are absent.
 pub fn hashed_storage_root(slots: impl IntoIterator<Item = (B256, U256)>) -> B256 {
-    let sorted: BTreeMap<B256, Vec<u8>> =
-        slots.into_iter().filter(|(_, v)| !v.is_zero()).map(|(k, v)| (k, alloy_rlp::encode(v))).collect();
-    root_of_sorted(sorted.iter().map(|(k, v)| (Nibbles::unpack(k), v.as_slice())))
+    let sorted: BTreeMap<B256, Vec<u8>> = slots
+        .into_iter()
+        .filter(|(_, v)| !v.is_zero())
+        .map(|(k, v)| (k, alloy_rlp::encode(v)))
+        .collect();
+    root_of_sorted(
+        sorted
+            .iter()
+            .map(|(k, v)| (Nibbles::unpack(k), v.as_slice())),
+    )
 }
 
 /// Storage root of plain slots: keys are hashed with keccak, zero values are absent.
 pub fn storage_root(storage: &HashMap<U256, U256>) -> B256 {
-    hashed_storage_root(storage.iter().map(|(k, v)| (keccak256(k.to_be_bytes::<32>()), *v)))
+    hashed_storage_root(
+        storage
+            .iter()
+            .map(|(k, v)| (keccak256(k.to_be_bytes::<32>()), *v)),
+    )
 }
 
 /// State root over hashed addresses and complete trie accounts.
 pub fn hashed_state_root(accounts: impl IntoIterator<Item = (B256, TrieAccount)>) -> B256 {
-    let sorted: BTreeMap<B256, Vec<u8>> = accounts.into_iter().map(|(k, a)| (k, alloy_rlp::encode(a))).collect();
-    root_of_sorted(sorted.iter().map(|(k, v)| (Nibbles::unpack(k), v.as_slice())))
+    let sorted: BTreeMap<B256, Vec<u8>> = accounts
+        .into_iter()
+        .map(|(k, a)| (k, alloy_rlp::encode(a)))
+        .collect();
+    root_of_sorted(
+        sorted
+            .iter()
+            .map(|(k, v)| (Nibbles::unpack(k), v.as_slice())),
+    )
 }
 
 /// State root of a full in-memory state.
@@ -40,7 +58,10 @@ pub fn state_root(state: &MemState) -> B256 {
     hashed_state_root(state.accounts.iter().map(|(address, account)| {
         let info = &account.info;
         let root = storage_root(&account.storage);
-        (keccak256(address), TrieAccount::new(info.nonce, info.balance, root, info.code_hash))
+        (
+            keccak256(address),
+            TrieAccount::new(info.nonce, info.balance, root, info.code_hash),
+        )
     }))
 }
 
@@ -49,11 +70,13 @@ pub fn state_root(state: &MemState) -> B256 {
 pub fn post_state_root(state: &HashedPostState) -> B256 {
     hashed_state_root(state.accounts.iter().filter_map(|(address, account)| {
         let account = account.as_ref()?;
-        let root = state
-            .storages
-            .get(address)
-            .map_or(EMPTY_ROOT_HASH, |s| hashed_storage_root(s.slots.iter().map(|(k, v)| (*k, *v))));
-        Some((*address, TrieAccount::new(account.nonce, account.balance, root, account.code_hash)))
+        let root = state.storages.get(address).map_or(EMPTY_ROOT_HASH, |s| {
+            hashed_storage_root(s.slots.iter().map(|(k, v)| (*k, *v)))
+        });
+        Some((
+            *address,
+            TrieAccount::new(account.nonce, account.balance, root, account.code_hash),
+        ))
     }))
 }
 
@@ -62,7 +85,9 @@ pub fn post_state_root(state: &HashedPostState) -> B256 {
 pub fn branch_nodes<'a>(
     leaves: impl IntoIterator<Item = (Nibbles, &'a [u8])>,
 ) -> (B256, BTreeMap<Nibbles, BranchNodeCompact>) {
-    let mut builder = HashBuilder::default().with_updates(true).with_all_branch_nodes(true);
+    let mut builder = HashBuilder::default()
+        .with_updates(true)
+        .with_all_branch_nodes(true);
     for (key, value) in leaves {
         builder.add_leaf(key, value);
     }
@@ -80,26 +105,57 @@ mod tests {
     fn empty_is_empty_root() {
         assert_eq!(state_root(&MemState::default()), EMPTY_ROOT_HASH);
         assert_eq!(storage_root(&HashMap::default()), EMPTY_ROOT_HASH);
-        assert_eq!(storage_root(&HashMap::from_iter([(U256::from(1), U256::ZERO)])), EMPTY_ROOT_HASH);
+        assert_eq!(
+            storage_root(&HashMap::from_iter([(U256::from(1), U256::ZERO)])),
+            EMPTY_ROOT_HASH
+        );
     }
 
     #[test]
     fn matches_alloy_trie_root_helpers() {
-        let storage: HashMap<U256, U256> = (1..50u64).map(|i| (U256::from(i * 7), U256::from(i * i))).collect();
+        let storage: HashMap<U256, U256> = (1..50u64)
+            .map(|i| (U256::from(i * 7), U256::from(i * i)))
+            .collect();
         assert_eq!(
             storage_root(&storage),
-            alloy_trie::root::storage_root_unhashed(storage.iter().map(|(k, v)| (B256::from(k.to_be_bytes::<32>()), *v)))
+            alloy_trie::root::storage_root_unhashed(
+                storage
+                    .iter()
+                    .map(|(k, v)| (B256::from(k.to_be_bytes::<32>()), *v))
+            )
         );
         let mut state = MemState::default();
         for i in 0..30u8 {
-            let slots = if i % 3 == 0 { storage.clone() } else { HashMap::default() };
-            state.insert_account(Address::repeat_byte(i), U256::from(i), u64::from(i), None, slots);
+            let slots = if i % 3 == 0 {
+                storage.clone()
+            } else {
+                HashMap::default()
+            };
+            state.insert_account(
+                Address::repeat_byte(i),
+                U256::from(i),
+                u64::from(i),
+                None,
+                slots,
+            );
         }
-        let expected = alloy_trie::root::state_root_unhashed(state.accounts.iter().map(|(a, acc)| {
-            (*a, TrieAccount::new(acc.info.nonce, acc.info.balance, storage_root(&acc.storage), acc.info.code_hash))
-        }));
+        let expected =
+            alloy_trie::root::state_root_unhashed(state.accounts.iter().map(|(a, acc)| {
+                (
+                    *a,
+                    TrieAccount::new(
+                        acc.info.nonce,
+                        acc.info.balance,
+                        storage_root(&acc.storage),
+                        acc.info.code_hash,
+                    ),
+                )
+            }));
         assert_eq!(state_root(&state), expected);
-        assert_eq!(post_state_root(&HashedPostState::from_state(&state)), expected);
+        assert_eq!(
+            post_state_root(&HashedPostState::from_state(&state)),
+            expected
+        );
     }
 
     #[test]
@@ -108,7 +164,8 @@ mod tests {
         let mut state = MemState::default();
         state.insert_account(Address::ZERO, U256::ZERO, 0, None, HashMap::default());
         let account = alloy_rlp::encode(TrieAccount::default());
-        let leaf = alloy_trie::nodes::LeafNode::new(Nibbles::unpack(keccak256(Address::ZERO)), account);
+        let leaf =
+            alloy_trie::nodes::LeafNode::new(Nibbles::unpack(keccak256(Address::ZERO)), account);
         assert_eq!(state_root(&state), keccak256(alloy_rlp::encode(&leaf)));
     }
 }

@@ -18,7 +18,11 @@ pub struct HashedAccount {
 
 impl From<&AccountInfo> for HashedAccount {
     fn from(info: &AccountInfo) -> Self {
-        Self { nonce: info.nonce, balance: info.balance, code_hash: info.code_hash }
+        Self {
+            nonce: info.nonce,
+            balance: info.balance,
+            code_hash: info.code_hash,
+        }
     }
 }
 
@@ -56,7 +60,9 @@ impl HashedPostState {
                 state.accounts.insert(hashed, None);
                 continue;
             };
-            state.accounts.insert(hashed, Some(HashedAccount::from(info)));
+            state
+                .accounts
+                .insert(hashed, Some(HashedAccount::from(info)));
             let wiped = account.was_destroyed();
             if wiped || !account.storage.is_empty() {
                 let slots = account
@@ -64,7 +70,9 @@ impl HashedPostState {
                     .iter()
                     .map(|(slot, value)| (keccak256(slot.to_be_bytes::<32>()), value.present_value))
                     .collect();
-                state.storages.insert(hashed, HashedStorage { wiped, slots });
+                state
+                    .storages
+                    .insert(hashed, HashedStorage { wiped, slots });
             }
         }
         state
@@ -76,14 +84,21 @@ impl HashedPostState {
         out.accounts.reserve(state.accounts.len());
         for (address, account) in &state.accounts {
             let hashed = keccak256(address);
-            out.accounts.insert(hashed, Some(HashedAccount::from(&account.info)));
+            out.accounts
+                .insert(hashed, Some(HashedAccount::from(&account.info)));
             if !account.storage.is_empty() {
                 let slots = account
                     .storage
                     .iter()
                     .map(|(slot, value)| (keccak256(slot.to_be_bytes::<32>()), *value))
                     .collect();
-                out.storages.insert(hashed, HashedStorage { wiped: false, slots });
+                out.storages.insert(
+                    hashed,
+                    HashedStorage {
+                        wiped: false,
+                        slots,
+                    },
+                );
             }
         }
         out
@@ -94,7 +109,13 @@ impl HashedPostState {
         for (address, account) in later.accounts {
             if account.is_none() {
                 // A later re-create must not see the storage from before the deletion.
-                self.storages.insert(address, HashedStorage { wiped: true, slots: B256Map::default() });
+                self.storages.insert(
+                    address,
+                    HashedStorage {
+                        wiped: true,
+                        slots: B256Map::default(),
+                    },
+                );
             }
             self.accounts.insert(address, account);
         }
@@ -115,7 +136,11 @@ impl HashedPostState {
 
     /// Whether nothing changes.
     pub fn is_empty(&self) -> bool {
-        self.accounts.is_empty() && self.storages.values().all(|s| !s.wiped && s.slots.is_empty())
+        self.accounts.is_empty()
+            && self
+                .storages
+                .values()
+                .all(|s| !s.wiped && s.slots.is_empty())
     }
 }
 
@@ -126,18 +151,38 @@ mod tests {
     use revm::{database::AccountStatus, primitives::KECCAK_EMPTY};
 
     fn info(nonce: u64) -> AccountInfo {
-        AccountInfo { nonce, balance: U256::from(nonce * 10), code_hash: KECCAK_EMPTY, code: None, account_id: None }
+        AccountInfo {
+            nonce,
+            balance: U256::from(nonce * 10),
+            code_hash: KECCAK_EMPTY,
+            code: None,
+            account_id: None,
+        }
     }
 
     #[test]
     fn from_bundle_marks_destroyed_and_deleted() {
-        let (a, b, c) = (Address::repeat_byte(1), Address::repeat_byte(2), Address::repeat_byte(3));
+        let (a, b, c) = (
+            Address::repeat_byte(1),
+            Address::repeat_byte(2),
+            Address::repeat_byte(3),
+        );
         let slot = |k: u64, old: u64, new: u64| (U256::from(k), (U256::from(old), U256::from(new)));
         let mut bundle = BundleState::new(
             [
-                (a, Some(info(1)), Some(info(2)), HashMap::from_iter([slot(1, 5, 6)])),
+                (
+                    a,
+                    Some(info(1)),
+                    Some(info(2)),
+                    HashMap::from_iter([slot(1, 5, 6)]),
+                ),
                 (b, Some(info(1)), None, HashMap::default()),
-                (c, Some(info(1)), Some(info(0)), HashMap::from_iter([slot(9, 0, 7)])),
+                (
+                    c,
+                    Some(info(1)),
+                    Some(info(0)),
+                    HashMap::from_iter([slot(9, 0, 7)]),
+                ),
             ],
             Vec::<Vec<(Address, Option<Option<AccountInfo>>, Vec<(U256, U256)>)>>::new(),
             [],
@@ -145,11 +190,17 @@ mod tests {
         bundle.state.get_mut(&c).unwrap().status = AccountStatus::DestroyedChanged;
         let diff = HashedPostState::from_bundle(&bundle);
 
-        assert_eq!(diff.accounts[&keccak256(a)], Some(HashedAccount::from(&info(2))));
+        assert_eq!(
+            diff.accounts[&keccak256(a)],
+            Some(HashedAccount::from(&info(2)))
+        );
         assert_eq!(diff.accounts[&keccak256(b)], None);
         let sa = &diff.storages[&keccak256(a)];
         assert!(!sa.wiped);
-        assert_eq!(sa.slots[&keccak256(U256::from(1).to_be_bytes::<32>())], U256::from(6));
+        assert_eq!(
+            sa.slots[&keccak256(U256::from(1).to_be_bytes::<32>())],
+            U256::from(6)
+        );
         let sc = &diff.storages[&keccak256(c)];
         assert!(sc.wiped);
         assert_eq!(sc.slots.len(), 1);
@@ -163,9 +214,21 @@ mod tests {
         let s2 = B256::repeat_byte(3);
         let mut first = HashedPostState::default();
         first.accounts.insert(k, Some(HashedAccount::default()));
-        first.storages.insert(k, HashedStorage { wiped: false, slots: B256Map::from_iter([(s1, U256::from(1))]) });
+        first.storages.insert(
+            k,
+            HashedStorage {
+                wiped: false,
+                slots: B256Map::from_iter([(s1, U256::from(1))]),
+            },
+        );
         let mut second = HashedPostState::default();
-        second.storages.insert(k, HashedStorage { wiped: true, slots: B256Map::from_iter([(s2, U256::from(2))]) });
+        second.storages.insert(
+            k,
+            HashedStorage {
+                wiped: true,
+                slots: B256Map::from_iter([(s2, U256::from(2))]),
+            },
+        );
         first.extend(second);
         let st = &first.storages[&k];
         assert!(st.wiped);

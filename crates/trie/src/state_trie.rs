@@ -35,7 +35,10 @@ impl Default for TrieConfig {
 impl TrieConfig {
     /// The default configuration with `threads` workers.
     pub fn with_threads(threads: usize) -> Self {
-        Self { threads, ..Self::default() }
+        Self {
+            threads,
+            ..Self::default()
+        }
     }
 }
 
@@ -81,7 +84,10 @@ pub struct StateTrie<S = MemNodeStore> {
 
 impl<S> std::fmt::Debug for StateTrie<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StateTrie").field("root", &self.root).field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("StateTrie")
+            .field("root", &self.root)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -102,7 +108,10 @@ struct KeyedAccountOp {
 
 impl KeyedAccountOp {
     fn decode_old(&self, old: &[u8]) -> Result<TrieAccount, TrieError> {
-        TrieAccount::decode(&mut &old[..]).map_err(|source| TrieError::LeafDecode { address: self.address, source })
+        TrieAccount::decode(&mut &old[..]).map_err(|source| TrieError::LeafDecode {
+            address: self.address,
+            source,
+        })
     }
 }
 
@@ -116,7 +125,12 @@ impl LeafOp for KeyedAccountOp {
                     (None, Some(old)) => self.decode_old(old)?.storage_root,
                     (None, None) => EMPTY_ROOT_HASH,
                 };
-                TrieAccount::new(account.nonce, account.balance, storage_root, account.code_hash)
+                TrieAccount::new(
+                    account.nonce,
+                    account.balance,
+                    storage_root,
+                    account.code_hash,
+                )
             }
             AccountOp::StorageRoot(root) => {
                 let old = old.ok_or(TrieError::MissingAccount(self.address))?;
@@ -149,7 +163,7 @@ fn sort_by_key<T: Send>(items: &mut [(Nibbles, T)], parallel: bool) {
     if parallel && items.len() >= PARALLEL_SORT_MIN {
         items.par_sort_unstable_by(|a, b| a.0.cmp(&b.0));
     } else {
-        items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        items.sort_unstable_by_key(|item| item.0);
     }
 }
 
@@ -164,20 +178,37 @@ impl<S: NodeStore> StateTrie<S> {
     /// Opens the trie held by `store` with a new pool of `config.threads` workers.
     pub fn new(store: S, config: TrieConfig) -> Result<Self, TrieError> {
         let threads = config.threads.max(1);
-        let pool = ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("overdrive-trie-{i}")).build()?;
+        let pool = ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("overdrive-trie-{i}"))
+            .build()?;
         Self::with_pool(store, config, Arc::new(pool))
     }
 
     /// Opens the trie held by `store` on an existing pool (shared with other tries).
-    pub fn with_pool(store: S, config: TrieConfig, pool: Arc<ThreadPool>) -> Result<Self, TrieError> {
+    pub fn with_pool(
+        store: S,
+        config: TrieConfig,
+        pool: Arc<ThreadPool>,
+    ) -> Result<Self, TrieError> {
         if config.parallel_threshold < 2 {
             return Err(TrieError::InvalidConfig(format!(
                 "parallel_threshold must be at least 2, got {}",
                 config.parallel_threshold
             )));
         }
-        let root = root_of_node(store.get(TrieId::Account, &Nibbles::new()).map_err(TrieError::store)?.as_deref());
-        Ok(Self { store, config, pool, root })
+        let root = root_of_node(
+            store
+                .get(TrieId::Account, &Nibbles::new())
+                .map_err(TrieError::store)?
+                .as_deref(),
+        );
+        Ok(Self {
+            store,
+            config,
+            pool,
+            root,
+        })
     }
 
     /// The current state root.
@@ -212,7 +243,9 @@ impl<S: NodeStore> StateTrie<S> {
     /// current state, and moves the root.
     pub fn commit(&mut self, output: &StateRootOutput) -> Result<(), TrieError> {
         let store = &mut self.store;
-        self.pool.install(|| store.apply(&output.updates)).map_err(TrieError::store)?;
+        self.pool
+            .install(|| store.apply(&output.updates))
+            .map_err(TrieError::store)?;
         self.root = output.root;
         Ok(())
     }
@@ -220,7 +253,11 @@ impl<S: NodeStore> StateTrie<S> {
     /// Computes the root and node changes of `diff` without writing them.
     pub fn compute(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
         let parallel = self.config.threads > 1;
-        let split_at = if parallel { self.config.parallel_threshold } else { usize::MAX };
+        let split_at = if parallel {
+            self.config.parallel_threshold
+        } else {
+            usize::MAX
+        };
         self.pool.install(|| {
             let mut stats = TrieStats::default();
             let mut updates = TrieUpdates::default();
@@ -231,21 +268,40 @@ impl<S: NodeStore> StateTrie<S> {
                 .storages
                 .iter()
                 .filter(|(address, storage)| {
-                    !matches!(diff.accounts.get(*address), Some(None)) && (storage.wiped || !storage.slots.is_empty())
+                    !matches!(diff.accounts.get(*address), Some(None))
+                        && (storage.wiped || !storage.slots.is_empty())
                 })
                 .collect();
-            jobs.sort_unstable_by_key(|(address, storage)| (Reverse(storage.slots.len()), **address));
-            let run = |(address, storage): &(&B256, &HashedStorage)| -> Result<StorageResult, TrieError> {
-                let mut slots: Vec<(Nibbles, SlotOp)> =
-                    storage.slots.iter().map(|(slot, value)| (Nibbles::unpack(slot), SlotOp(*value))).collect();
-                sort_by_key(&mut slots, parallel);
-                let ctx = Ctx { store: &self.store, trie: TrieId::Storage(**address), split_at };
-                let mut out = Out::for_updates(slots.len());
-                let root = update_trie(&ctx, &slots, storage.wiped, &mut out)?;
-                Ok(StorageResult { address: **address, wiped: storage.wiped, root, out })
-            };
+            jobs.sort_unstable_by_key(|(address, storage)| {
+                (Reverse(storage.slots.len()), **address)
+            });
+            let run =
+                |(address, storage): &(&B256, &HashedStorage)| -> Result<StorageResult, TrieError> {
+                    let mut slots: Vec<(Nibbles, SlotOp)> = storage
+                        .slots
+                        .iter()
+                        .map(|(slot, value)| (Nibbles::unpack(slot), SlotOp(*value)))
+                        .collect();
+                    sort_by_key(&mut slots, parallel);
+                    let ctx = Ctx {
+                        store: &self.store,
+                        trie: TrieId::Storage(**address),
+                        split_at,
+                    };
+                    let mut out = Out::default();
+                    let root = update_trie(&ctx, &slots, storage.wiped, &mut out)?;
+                    Ok(StorageResult {
+                        address: **address,
+                        wiped: storage.wiped,
+                        root,
+                        out,
+                    })
+                };
             let results: Vec<StorageResult> = if parallel {
-                jobs.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
+                jobs.par_iter()
+                    .with_max_len(1)
+                    .map(run)
+                    .collect::<Result<_, _>>()?
             } else {
                 jobs.iter().map(run).collect::<Result<_, _>>()?
             };
@@ -257,36 +313,64 @@ impl<S: NodeStore> StateTrie<S> {
                     storage_roots.insert(result.address, root);
                 }
                 if result.wiped || !result.out.nodes.is_empty() {
-                    updates
-                        .storage_tries
-                        .insert(result.address, StorageTrieUpdates { wiped: result.wiped, nodes: result.out.nodes });
+                    updates.storage_tries.insert(
+                        result.address,
+                        StorageTrieUpdates {
+                            wiped: result.wiped,
+                            nodes: result.out.nodes,
+                        },
+                    );
                 }
             }
             for (address, account) in &diff.accounts {
                 if account.is_none()
-                    && self.store.get(TrieId::Storage(*address), &Nibbles::new()).map_err(TrieError::store)?.is_some()
+                    && self
+                        .store
+                        .get(TrieId::Storage(*address), &Nibbles::new())
+                        .map_err(TrieError::store)?
+                        .is_some()
                 {
-                    updates.storage_tries.insert(*address, StorageTrieUpdates { wiped: true, ..Default::default() });
+                    updates.storage_tries.insert(
+                        *address,
+                        StorageTrieUpdates {
+                            wiped: true,
+                            ..Default::default()
+                        },
+                    );
                 }
             }
 
-            let mut accounts: Vec<(Nibbles, KeyedAccountOp)> = Vec::with_capacity(diff.accounts.len() + storage_roots.len());
+            let mut accounts: Vec<(Nibbles, KeyedAccountOp)> =
+                Vec::with_capacity(diff.accounts.len() + storage_roots.len());
             for (address, account) in &diff.accounts {
                 let op = match account {
                     None => AccountOp::Delete,
                     Some(account) => AccountOp::Set(*account, storage_roots.get(address).copied()),
                 };
-                accounts.push((Nibbles::unpack(address), KeyedAccountOp { address: *address, op }));
+                accounts.push((
+                    Nibbles::unpack(address),
+                    KeyedAccountOp {
+                        address: *address,
+                        op,
+                    },
+                ));
             }
             for (address, root) in &storage_roots {
                 if !diff.accounts.contains_key(address) {
-                    let op = KeyedAccountOp { address: *address, op: AccountOp::StorageRoot(*root) };
+                    let op = KeyedAccountOp {
+                        address: *address,
+                        op: AccountOp::StorageRoot(*root),
+                    };
                     accounts.push((Nibbles::unpack(address), op));
                 }
             }
             sort_by_key(&mut accounts, parallel);
-            let ctx = Ctx { store: &self.store, trie: TrieId::Account, split_at };
-            let mut out = Out::for_updates(accounts.len());
+            let ctx = Ctx {
+                store: &self.store,
+                trie: TrieId::Account,
+                split_at,
+            };
+            let mut out = Out::default();
             let root = match update_trie(&ctx, &accounts, false, &mut out)? {
                 RootChange::Unchanged => self.root,
                 RootChange::Changed(root) => root,
@@ -299,38 +383,66 @@ impl<S: NodeStore> StateTrie<S> {
             stats.storage_tries = updates.storage_tries.len() as u64;
             stats.account_updates = accounts.len() as u64;
             stats.slot_updates = diff.storages.values().map(|s| s.slots.len() as u64).sum();
-            Ok(StateRootOutput { root, updates, stats })
+            Ok(StateRootOutput {
+                root,
+                updates,
+                stats,
+            })
         })
     }
 
     /// The stored account under a hashed address.
     pub fn account(&self, hashed_address: B256) -> Result<Option<TrieAccount>, TrieError> {
-        let ctx = Ctx { store: &self.store, trie: TrieId::Account, split_at: usize::MAX };
-        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_address))? else { return Ok(None) };
+        let ctx = Ctx {
+            store: &self.store,
+            trie: TrieId::Account,
+            split_at: usize::MAX,
+        };
+        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_address))? else {
+            return Ok(None);
+        };
         TrieAccount::decode(&mut &value[..])
             .map(Some)
-            .map_err(|source| TrieError::LeafDecode { address: hashed_address, source })
+            .map_err(|source| TrieError::LeafDecode {
+                address: hashed_address,
+                source,
+            })
     }
 
     /// The storage root of the account under a hashed address (empty for none).
     pub fn storage_root(&self, hashed_address: B256) -> Result<B256, TrieError> {
-        Ok(self.account(hashed_address)?.map_or(EMPTY_ROOT_HASH, |a| a.storage_root))
+        Ok(self
+            .account(hashed_address)?
+            .map_or(EMPTY_ROOT_HASH, |a| a.storage_root))
     }
 
     /// The stored value of a hashed slot of a hashed address (`None` when zero).
-    pub fn storage(&self, hashed_address: B256, hashed_slot: B256) -> Result<Option<U256>, TrieError> {
-        let ctx = Ctx { store: &self.store, trie: TrieId::Storage(hashed_address), split_at: usize::MAX };
-        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_slot))? else { return Ok(None) };
+    pub fn storage(
+        &self,
+        hashed_address: B256,
+        hashed_slot: B256,
+    ) -> Result<Option<U256>, TrieError> {
+        let ctx = Ctx {
+            store: &self.store,
+            trie: TrieId::Storage(hashed_address),
+            split_at: usize::MAX,
+        };
+        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_slot))? else {
+            return Ok(None);
+        };
         U256::decode(&mut &value[..])
             .map(Some)
-            .map_err(|source| TrieError::LeafDecode { address: hashed_address, source })
+            .map_err(|source| TrieError::LeafDecode {
+                address: hashed_address,
+                source,
+            })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{node::Node, raw::tests::assert_branches_match_hash_builder, reference, store::NodeUpdates};
+    use crate::{raw::tests::assert_branches_match_hash_builder, reference, store::NodeUpdates};
     use alloy_primitives::{Address, keccak256, map::HashMap};
     use overdrive_primitives::{MemAccount, MemState};
     use proptest::prelude::*;
@@ -343,13 +455,29 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        SetAccount { addr: u8, nonce: u8, balance: u16, code: bool },
-        DeleteAccount { addr: u8 },
-        SetSlot { addr: u8, slot: u8, value: u16 },
+        SetAccount {
+            addr: u8,
+            nonce: u8,
+            balance: u16,
+            code: bool,
+        },
+        DeleteAccount {
+            addr: u8,
+        },
+        SetSlot {
+            addr: u8,
+            slot: u8,
+            value: u16,
+        },
         /// Self-destruct: the account goes, with its storage.
-        Destroy { addr: u8 },
+        Destroy {
+            addr: u8,
+        },
         /// Self-destruct then re-create in the same block with new storage.
-        Recreate { addr: u8, slots: Vec<(u8, u16)> },
+        Recreate {
+            addr: u8,
+            slots: Vec<(u8, u16)>,
+        },
     }
 
     fn op(addrs: u8, slots: u8) -> impl Strategy<Value = Op> {
@@ -370,8 +498,18 @@ mod tests {
     }
 
     fn info(nonce: u64, balance: u64, code: bool) -> AccountInfo {
-        let code_hash = if code { keccak256([1, 2, 3]) } else { KECCAK_EMPTY };
-        AccountInfo { nonce, balance: U256::from(balance), code_hash, code: None, account_id: None }
+        let code_hash = if code {
+            keccak256([1, 2, 3])
+        } else {
+            KECCAK_EMPTY
+        };
+        AccountInfo {
+            nonce,
+            balance: U256::from(balance),
+            code_hash,
+            code: None,
+            account_id: None,
+        }
     }
 
     /// Applies one block's ops to the model and returns the block's diff, built the way an
@@ -381,7 +519,12 @@ mod tests {
         let mut touched: BTreeMap<Address, (bool, BTreeSet<U256>)> = BTreeMap::new();
         for op in ops {
             match op {
-                Op::SetAccount { addr, nonce, balance, code } => {
+                Op::SetAccount {
+                    addr,
+                    nonce,
+                    balance,
+                    code,
+                } => {
                     let a = model.accounts.entry(address(*addr)).or_default();
                     a.info = info(u64::from(*nonce), u64::from(*balance), *code);
                     touched.entry(address(*addr)).or_default();
@@ -394,7 +537,10 @@ mod tests {
                     let a = model
                         .accounts
                         .entry(address(*addr))
-                        .or_insert_with(|| MemAccount { info: info(1, 0, true), storage: HashMap::default() });
+                        .or_insert_with(|| MemAccount {
+                            info: info(1, 0, true),
+                            storage: HashMap::default(),
+                        });
                     let slot = U256::from(*slot);
                     if *value == 0 {
                         a.storage.remove(&slot);
@@ -423,11 +569,17 @@ mod tests {
                 diff.accounts.insert(hashed, None);
                 continue;
             };
-            diff.accounts.insert(hashed, Some(HashedAccount::from(&account.info)));
+            diff.accounts
+                .insert(hashed, Some(HashedAccount::from(&account.info)));
             if wiped || !slots.is_empty() {
                 let slots = slots
                     .iter()
-                    .map(|s| (keccak256(s.to_be_bytes::<32>()), account.storage.get(s).copied().unwrap_or_default()))
+                    .map(|s| {
+                        (
+                            keccak256(s.to_be_bytes::<32>()),
+                            account.storage.get(s).copied().unwrap_or_default(),
+                        )
+                    })
                     .collect();
                 diff.storages.insert(hashed, HashedStorage { wiped, slots });
             }
@@ -435,18 +587,57 @@ mod tests {
         diff
     }
 
+    /// A store with only the required methods, as a database store might start: the trie
+    /// must work through the trait's default `get_children`.
+    #[derive(Clone, Default)]
+    struct MinimalStore(MemNodeStore);
+
+    impl NodeStore for MinimalStore {
+        type Error = std::convert::Infallible;
+
+        fn get(
+            &self,
+            trie: TrieId,
+            path: &Nibbles,
+        ) -> Result<Option<std::borrow::Cow<'_, crate::StoredNode>>, Self::Error> {
+            // Owned copies, as a store decoding bytes would return.
+            Ok(self
+                .0
+                .get(trie, path)?
+                .map(|n| std::borrow::Cow::Owned(n.into_owned())))
+        }
+
+        fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error> {
+            self.0.apply(updates)
+        }
+    }
+
     fn trie(threads: usize, threshold: usize) -> StateTrie {
-        StateTrie::new(MemNodeStore::new(), TrieConfig { threads, parallel_threshold: threshold }).unwrap()
+        StateTrie::new(
+            MemNodeStore::new(),
+            TrieConfig {
+                threads,
+                parallel_threshold: threshold,
+            },
+        )
+        .unwrap()
     }
 
     fn assert_disjoint(nodes: &NodeUpdates) {
         let written: BTreeSet<Nibbles> = nodes.writes().map(|(p, _)| *p).collect();
         assert_eq!(written.len(), nodes.write_count(), "a path written twice");
-        assert!(nodes.deletes().iter().all(|p| !written.contains(p)), "a path both written and deleted");
+        assert!(
+            nodes.deletes().iter().all(|p| !written.contains(p)),
+            "a path both written and deleted"
+        );
     }
 
     fn check_output(output: &StateRootOutput) {
-        assert!(output.stats.keccak_calls <= output.stats.dirty_nodes, "{:?}", output.stats);
+        assert!(
+            output.stats.keccak_calls <= output.stats.dirty_nodes,
+            "{:?}",
+            output.stats
+        );
         assert_disjoint(&output.updates.account_nodes);
         for storage in output.updates.storage_tries.values() {
             assert_disjoint(&storage.nodes);
@@ -460,10 +651,22 @@ mod tests {
         fresh.apply(&HashedPostState::from_state(model)).unwrap();
         assert_eq!(fresh.root(), trie.root());
         let (ours, theirs) = (trie.store(), fresh.store());
-        assert_eq!(ours.nodes(TrieId::Account), theirs.nodes(TrieId::Account), "account trie nodes");
-        assert_eq!(ours.storage_owners(), theirs.storage_owners(), "storage tries");
+        assert_eq!(
+            ours.nodes(TrieId::Account),
+            theirs.nodes(TrieId::Account),
+            "account trie nodes"
+        );
+        assert_eq!(
+            ours.storage_owners(),
+            theirs.storage_owners(),
+            "storage tries"
+        );
         for owner in ours.storage_owners() {
-            assert_eq!(ours.nodes(TrieId::Storage(owner)), theirs.nodes(TrieId::Storage(owner)), "storage {owner}");
+            assert_eq!(
+                ours.nodes(TrieId::Storage(owner)),
+                theirs.nodes(TrieId::Storage(owner)),
+                "storage {owner}"
+            );
         }
 
         let mut account_leaves = BTreeMap::new();
@@ -472,15 +675,28 @@ mod tests {
             let slots: BTreeMap<Nibbles, Vec<u8>> = account
                 .storage
                 .iter()
-                .map(|(k, v)| (Nibbles::unpack(keccak256(k.to_be_bytes::<32>())), alloy_rlp::encode(v)))
+                .map(|(k, v)| {
+                    (
+                        Nibbles::unpack(keccak256(k.to_be_bytes::<32>())),
+                        alloy_rlp::encode(v),
+                    )
+                })
                 .collect();
             let storage_root = reference::storage_root(&account.storage);
-            assert_branches_match_hash_builder(&ours.nodes(TrieId::Storage(hashed)), &slots, storage_root);
+            assert_branches_match_hash_builder(
+                &ours.nodes(TrieId::Storage(hashed)),
+                &slots,
+                storage_root,
+            );
             let info = &account.info;
             let leaf = TrieAccount::new(info.nonce, info.balance, storage_root, info.code_hash);
             account_leaves.insert(Nibbles::unpack(hashed), alloy_rlp::encode(leaf));
         }
-        assert_branches_match_hash_builder(&ours.nodes(TrieId::Account), &account_leaves, trie.root());
+        assert_branches_match_hash_builder(
+            &ours.nodes(TrieId::Account),
+            &account_leaves,
+            trie.root(),
+        );
     }
 
     proptest! {
@@ -495,18 +711,23 @@ mod tests {
             let mut model = MemState::default();
             let mut serial = trie(1, 64);
             let mut parallel = trie(4, 2);
+            let mut minimal =
+                StateTrie::new(MinimalStore::default(), TrieConfig { threads: 2, parallel_threshold: 2 }).unwrap();
             for ops in &blocks {
                 let diff = apply_block(&mut model, ops);
                 let a = serial.apply(&diff).unwrap();
                 let b = parallel.apply(&diff).unwrap();
+                let c = minimal.apply(&diff).unwrap();
                 check_output(&a);
                 check_output(&b);
                 let expected = reference::state_root(&model);
                 prop_assert_eq!(a.root, expected);
                 prop_assert_eq!(b.root, expected);
+                prop_assert_eq!(c.root, expected);
                 prop_assert_eq!(a.stats.dirty_nodes, b.stats.dirty_nodes);
                 prop_assert_eq!(a.stats.keccak_calls, b.stats.keccak_calls);
             }
+            prop_assert_eq!(minimal.store().0.nodes(TrieId::Account), serial.store().nodes(TrieId::Account));
             assert_nodes_match_fresh_build(&serial, &model);
             assert_nodes_match_fresh_build(&parallel, &model);
             for (addr, account) in &model.accounts {
@@ -529,7 +750,22 @@ mod tests {
         assert!(out.updates.is_empty());
 
         let mut model = MemState::default();
-        let diff = apply_block(&mut model, &[Op::SetSlot { addr: 1, slot: 1, value: 5 }, Op::SetAccount { addr: 2, nonce: 1, balance: 1, code: false }]);
+        let diff = apply_block(
+            &mut model,
+            &[
+                Op::SetSlot {
+                    addr: 1,
+                    slot: 1,
+                    value: 5,
+                },
+                Op::SetAccount {
+                    addr: 2,
+                    nonce: 1,
+                    balance: 1,
+                    code: false,
+                },
+            ],
+        );
         t.apply(&diff).unwrap();
         // Re-applying the same values changes nothing and hashes nothing.
         let again = t.apply(&diff).unwrap();
@@ -537,7 +773,10 @@ mod tests {
         assert_eq!(again.stats.dirty_nodes, 0);
         assert_eq!(again.stats.keccak_calls, 0);
         // Deleting everything gives the empty root and an empty store.
-        let diff = apply_block(&mut model, &[Op::DeleteAccount { addr: 1 }, Op::DeleteAccount { addr: 2 }]);
+        let diff = apply_block(
+            &mut model,
+            &[Op::DeleteAccount { addr: 1 }, Op::DeleteAccount { addr: 2 }],
+        );
         let out = t.apply(&diff).unwrap();
         assert_eq!(out.root, EMPTY_ROOT_HASH);
         assert!(t.store().is_empty(), "{} nodes left", t.store().len());
@@ -547,11 +786,26 @@ mod tests {
     fn storage_change_of_missing_account_is_an_error_and_writes_nothing() {
         let mut model = MemState::default();
         let mut t = trie(2, 2);
-        t.apply(&apply_block(&mut model, &[Op::SetAccount { addr: 1, nonce: 1, balance: 1, code: false }])).unwrap();
+        t.apply(&apply_block(
+            &mut model,
+            &[Op::SetAccount {
+                addr: 1,
+                nonce: 1,
+                balance: 1,
+                code: false,
+            }],
+        ))
+        .unwrap();
         let before = t.root();
         let ghost = keccak256(address(9));
         let mut diff = HashedPostState::default();
-        diff.storages.insert(ghost, HashedStorage { wiped: false, slots: B256Map::from_iter([(B256::ZERO, U256::from(1))]) });
+        diff.storages.insert(
+            ghost,
+            HashedStorage {
+                wiped: false,
+                slots: B256Map::from_iter([(B256::ZERO, U256::from(1))]),
+            },
+        );
         assert!(matches!(t.apply(&diff), Err(TrieError::MissingAccount(a)) if a == ghost));
         assert_eq!(t.root(), before);
         assert!(t.store().storage_owners().is_empty());
@@ -563,9 +817,22 @@ mod tests {
     fn destroy_and_recreate_in_one_block_via_bundle() {
         let contract = address(1);
         let mut model = MemState::default();
-        let old_storage: HashMap<U256, U256> = (1..20u64).map(|i| (U256::from(i), U256::from(i))).collect();
-        model.accounts.insert(contract, MemAccount { info: info(1, 10, true), storage: old_storage.clone() });
-        model.accounts.insert(address(2), MemAccount { info: info(3, 30, false), storage: HashMap::default() });
+        let old_storage: HashMap<U256, U256> =
+            (1..20u64).map(|i| (U256::from(i), U256::from(i))).collect();
+        model.accounts.insert(
+            contract,
+            MemAccount {
+                info: info(1, 10, true),
+                storage: old_storage.clone(),
+            },
+        );
+        model.accounts.insert(
+            address(2),
+            MemAccount {
+                info: info(3, 30, false),
+                storage: HashMap::default(),
+            },
+        );
         let mut t = trie(2, 2);
         t.apply(&HashedPostState::from_state(&model)).unwrap();
         assert_eq!(t.root(), reference::state_root(&model));
@@ -573,8 +840,18 @@ mod tests {
         let new_slot = |k: u64, v: u64| (U256::from(k), (U256::ZERO, U256::from(v)));
         let mut bundle = BundleState::new(
             [
-                (contract, Some(info(1, 10, true)), Some(info(1, 99, true)), HashMap::from_iter([new_slot(3, 33), new_slot(50, 5)])),
-                (address(2), Some(info(3, 30, false)), None, HashMap::default()),
+                (
+                    contract,
+                    Some(info(1, 10, true)),
+                    Some(info(1, 99, true)),
+                    HashMap::from_iter([new_slot(3, 33), new_slot(50, 5)]),
+                ),
+                (
+                    address(2),
+                    Some(info(3, 30, false)),
+                    None,
+                    HashMap::default(),
+                ),
             ],
             Vec::<Vec<(Address, Option<Option<AccountInfo>>, Vec<(U256, U256)>)>>::new(),
             [],
@@ -590,22 +867,51 @@ mod tests {
 
         // Without the wipe the old slots would survive and the root would differ.
         let mut kept = model.clone();
-        kept.accounts.get_mut(&contract).unwrap().storage.extend(old_storage.into_iter().filter(|(k, _)| *k != U256::from(3)));
+        kept.accounts
+            .get_mut(&contract)
+            .unwrap()
+            .storage
+            .extend(old_storage.into_iter().filter(|(k, _)| *k != U256::from(3)));
         assert_ne!(reference::state_root(&kept), out.root);
     }
 
     #[test]
     fn clones_fork_independently() {
         let mut model = MemState::default();
-        let ops: Vec<Op> = (0..40).map(|i| Op::SetSlot { addr: i % 5, slot: i, value: u16::from(i) + 1 }).collect();
+        let ops: Vec<Op> = (0..40)
+            .map(|i| Op::SetSlot {
+                addr: i % 5,
+                slot: i,
+                value: u16::from(i) + 1,
+            })
+            .collect();
         let mut base = trie(2, 4);
         base.apply(&apply_block(&mut model, &ops)).unwrap();
 
         let (mut left_model, mut right_model) = (model.clone(), model.clone());
         let mut left = base.clone();
         let mut right = base.clone();
-        left.apply(&apply_block(&mut left_model, &[Op::Destroy { addr: 1 }, Op::SetSlot { addr: 2, slot: 3, value: 0 }])).unwrap();
-        right.apply(&apply_block(&mut right_model, &[Op::Recreate { addr: 1, slots: vec![(9, 9)] }])).unwrap();
+        left.apply(&apply_block(
+            &mut left_model,
+            &[
+                Op::Destroy { addr: 1 },
+                Op::SetSlot {
+                    addr: 2,
+                    slot: 3,
+                    value: 0,
+                },
+            ],
+        ))
+        .unwrap();
+        right
+            .apply(&apply_block(
+                &mut right_model,
+                &[Op::Recreate {
+                    addr: 1,
+                    slots: vec![(9, 9)],
+                }],
+            ))
+            .unwrap();
         assert_eq!(left.root(), reference::state_root(&left_model));
         assert_eq!(right.root(), reference::state_root(&right_model));
         assert_eq!(base.root(), reference::state_root(&model));
@@ -622,8 +928,20 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(7);
         let mut model = MemState::default();
         for i in 0..3000u64 {
-            let storage = if i == 0 { (0..2000u64).map(|s| (U256::from(s), U256::from(s + 1))).collect() } else { HashMap::default() };
-            model.accounts.insert(Address::from_word(B256::from(U256::from(i))), MemAccount { info: info(i, i, i == 0), storage });
+            let storage = if i == 0 {
+                (0..2000u64)
+                    .map(|s| (U256::from(s), U256::from(s + 1)))
+                    .collect()
+            } else {
+                HashMap::default()
+            };
+            model.accounts.insert(
+                Address::from_word(B256::from(U256::from(i))),
+                MemAccount {
+                    info: info(i, i, i == 0),
+                    storage,
+                },
+            );
         }
         let mut t = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(2)).unwrap();
         t.apply(&HashedPostState::from_state(&model)).unwrap();
@@ -640,16 +958,27 @@ mod tests {
                 } else {
                     let a = model.accounts.entry(addr).or_default();
                     a.info = info(rng.random(), rng.random(), i == 0);
-                    diff.accounts.insert(keccak256(addr), Some(HashedAccount::from(&a.info)));
+                    diff.accounts
+                        .insert(keccak256(addr), Some(HashedAccount::from(&a.info)));
                 }
             }
             let storage = diff.storages.entry(keccak256(token)).or_default();
             let contract = model.accounts.get_mut(&token).expect("token never deleted");
             for _ in 0..800 {
                 let slot = U256::from(rng.random_range(0..2500u64));
-                let value = if rng.random_bool(0.2) { U256::ZERO } else { U256::from(rng.random::<u32>()) };
-                if value.is_zero() { contract.storage.remove(&slot); } else { contract.storage.insert(slot, value); }
-                storage.slots.insert(keccak256(slot.to_be_bytes::<32>()), value);
+                let value = if rng.random_bool(0.2) {
+                    U256::ZERO
+                } else {
+                    U256::from(rng.random::<u32>())
+                };
+                if value.is_zero() {
+                    contract.storage.remove(&slot);
+                } else {
+                    contract.storage.insert(slot, value);
+                }
+                storage
+                    .slots
+                    .insert(keccak256(slot.to_be_bytes::<32>()), value);
             }
             let out = t.apply(&diff).unwrap();
             check_output(&out);
@@ -660,8 +989,13 @@ mod tests {
 
     #[test]
     fn bad_config_is_rejected() {
-        let config = TrieConfig { threads: 2, parallel_threshold: 1 };
-        assert!(matches!(StateTrie::new(MemNodeStore::new(), config), Err(TrieError::InvalidConfig(_))));
-        let _ = Node::decode(&[]);
+        let config = TrieConfig {
+            threads: 2,
+            parallel_threshold: 1,
+        };
+        assert!(matches!(
+            StateTrie::new(MemNodeStore::new(), config),
+            Err(TrieError::InvalidConfig(_))
+        ));
     }
 }

@@ -1,7 +1,7 @@
 //! Where trie nodes live between blocks: the [`NodeStore`] trait, the batch of changes a block
 //! produces ([`TrieUpdates`]), and an in-memory store.
 
-use crate::node::{Node, child_index};
+use crate::node::{StoredNode, child_index};
 use alloy_primitives::{
     B256,
     map::{B256Map, HashMap},
@@ -23,28 +23,51 @@ pub enum TrieId {
 
 /// A place that holds trie nodes by path.
 ///
-/// Kept to two operations so that a database-backed store is easy to write: read one node,
-/// and write one block's batch. `get` is called from several worker threads at once.
+/// Two required operations, so that a database-backed store is easy to write: read one node,
+/// and write one block's batch. `get_children` has a default built on `get`; a store that
+/// keeps siblings together overrides it. Reads come from several worker threads at once.
 pub trait NodeStore: Send + Sync {
     /// The store's error.
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// The node at `path` of `trie`, if there is one: borrowed from an in-memory store,
     /// owned (decoded) from a database.
-    fn get(&self, trie: TrieId, path: &Nibbles) -> Result<Option<Cow<'_, Node>>, Self::Error>;
+    fn get(&self, trie: TrieId, path: &Nibbles)
+    -> Result<Option<Cow<'_, StoredNode>>, Self::Error>;
+
+    /// The nodes directly under `path` for the nibbles in `nibbles`, by nibble. A store that
+    /// keeps siblings together can answer this with one lookup instead of one per child.
+    fn get_children(
+        &self,
+        trie: TrieId,
+        path: &Nibbles,
+        nibbles: TrieMask,
+    ) -> Result<[Option<Cow<'_, StoredNode>>; 16], Self::Error> {
+        let mut children: [Option<Cow<'_, StoredNode>>; 16] = Default::default();
+        for nibble in nibbles.iter() {
+            let mut child = *path;
+            child.push_unchecked(nibble);
+            children[usize::from(nibble)] = self.get(trie, &child)?;
+        }
+        Ok(children)
+    }
 
     /// Applies one block's changes. Order within a trie: a wipe first, then deletes, then
     /// writes (the trie never emits a delete and a write of the same path in one batch).
     fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error>;
 }
 
+/// Writes per chunk of a [`NodeUpdates`] (about 50 KB).
+const WRITE_CHUNK: usize = 256;
+
 /// Node writes and deletes of one trie.
 ///
 /// Writes are kept in the chunks the workers produced, so that joining the output of parallel
-/// subtrees moves vectors instead of copying nodes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// subtrees moves vectors instead of copying nodes. Two batches are equal when they write the
+/// same nodes in the same order and delete the same paths, however they are chunked.
+#[derive(Clone, Debug, Default)]
 pub struct NodeUpdates {
-    writes: Vec<Vec<(Nibbles, Node)>>,
+    writes: Vec<Vec<(Nibbles, StoredNode)>>,
     write_count: usize,
     deletes: Vec<Nibbles>,
 }
@@ -56,7 +79,7 @@ impl NodeUpdates {
     }
 
     /// Nodes to store (insert or overwrite), with their paths.
-    pub fn writes(&self) -> impl Iterator<Item = &(Nibbles, Node)> + '_ {
+    pub fn writes(&self) -> impl Iterator<Item = &(Nibbles, StoredNode)> + '_ {
         self.writes.iter().flatten()
     }
 
@@ -71,10 +94,18 @@ impl NodeUpdates {
     }
 
     /// Adds a node write.
-    pub fn push_write(&mut self, path: Nibbles, node: Node) {
+    pub fn push_write(&mut self, path: Nibbles, node: StoredNode) {
+        // Fixed-size chunks: a batch never reallocates (and copies) a large vector, and the
+        // allocator serves every chunk from memory it keeps, instead of mapping fresh pages.
         match self.writes.last_mut() {
-            Some(chunk) => chunk.push((path, node)),
-            None => self.writes.push(vec![(path, node)]),
+            Some(chunk) if chunk.len() < chunk.capacity() || chunk.capacity() < WRITE_CHUNK => {
+                chunk.push((path, node))
+            }
+            _ => {
+                let mut chunk = Vec::with_capacity(WRITE_CHUNK);
+                chunk.push((path, node));
+                self.writes.push(chunk);
+            }
         }
         self.write_count += 1;
     }
@@ -84,20 +115,25 @@ impl NodeUpdates {
         self.deletes.push(path);
     }
 
-    /// An empty batch with room for `writes` writes in its first chunk.
-    pub(crate) fn with_capacity(writes: usize) -> Self {
-        Self { writes: vec![Vec::with_capacity(writes)], write_count: 0, deletes: Vec::new() }
-    }
-
-    /// Moves `other`'s writes and deletes to the end of this batch.
+    /// Moves `other`'s writes and deletes to the end of this batch (later writes continue
+    /// in the last appended chunk, so the order of writes is kept).
     pub(crate) fn append(&mut self, other: &mut Self) {
         self.write_count += std::mem::take(&mut other.write_count);
-        self.writes.extend(other.writes.drain(..).filter(|chunk| !chunk.is_empty()));
-        // Later writes go to a fresh chunk so that the order of writes is kept.
-        self.writes.push(Vec::new());
+        self.writes
+            .extend(other.writes.drain(..).filter(|chunk| !chunk.is_empty()));
         self.deletes.append(&mut other.deletes);
     }
 }
+
+impl PartialEq for NodeUpdates {
+    fn eq(&self, other: &Self) -> bool {
+        self.write_count == other.write_count
+            && self.deletes == other.deletes
+            && self.writes().eq(other.writes())
+    }
+}
+
+impl Eq for NodeUpdates {}
 
 /// Changes to one storage trie.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -122,19 +158,30 @@ impl TrieUpdates {
     /// Number of node writes in all tries.
     pub fn writes(&self) -> usize {
         self.account_nodes.write_count()
-            + self.storage_tries.values().map(|s| s.nodes.write_count()).sum::<usize>()
+            + self
+                .storage_tries
+                .values()
+                .map(|s| s.nodes.write_count())
+                .sum::<usize>()
     }
 
     /// Number of node deletes in all tries (wipes not counted).
     pub fn deletes(&self) -> usize {
         self.account_nodes.deletes.len()
-            + self.storage_tries.values().map(|s| s.nodes.deletes.len()).sum::<usize>()
+            + self
+                .storage_tries
+                .values()
+                .map(|s| s.nodes.deletes.len())
+                .sum::<usize>()
     }
 
     /// Whether the block changed no node and wiped no trie.
     pub fn is_empty(&self) -> bool {
         self.account_nodes.is_empty()
-            && self.storage_tries.values().all(|s| !s.wiped && s.nodes.is_empty())
+            && self
+                .storage_tries
+                .values()
+                .all(|s| !s.wiped && s.nodes.is_empty())
     }
 }
 
@@ -146,15 +193,19 @@ impl TrieUpdates {
 struct Group {
     mask: TrieMask,
     /// The nodes of the nibbles in `mask`, in nibble order.
-    nodes: SmallVec<[Node; 3]>,
+    nodes: SmallVec<[StoredNode; 3]>,
 }
 
 impl Group {
-    fn get(&self, nibble: u8) -> Option<&Node> {
-        if self.mask.is_bit_set(nibble) { self.nodes.get(child_index(self.mask, nibble)) } else { None }
+    fn get(&self, nibble: u8) -> Option<&StoredNode> {
+        if self.mask.is_bit_set(nibble) {
+            self.nodes.get(child_index(self.mask, nibble))
+        } else {
+            None
+        }
     }
 
-    fn set(&mut self, nibble: u8, node: Node) {
+    fn set(&mut self, nibble: u8, node: StoredNode) {
         let at = child_index(self.mask, nibble);
         if self.mask.is_bit_set(nibble) {
             if let Some(slot) = self.nodes.get_mut(at) {
@@ -191,13 +242,58 @@ type GroupMap = HashMap<Nibbles, Group>;
 /// later writes to.
 #[derive(Clone, Debug, Default)]
 struct MemTrie {
-    root: Option<Node>,
+    root: Option<StoredNode>,
     top: Group,
     shards: [Arc<GroupMap>; 16],
 }
 
 /// Batches below this size are applied on the calling thread.
 const PARALLEL_APPLY_MIN: usize = 2048;
+
+/// Whether a batch of `len` changes is written in parallel: only when large, and only when
+/// called on a pool thread (from [`crate::StateTrie`]), so that the store never wakes rayon's
+/// global pool.
+fn parallel(len: usize) -> bool {
+    len >= PARALLEL_APPLY_MIN && rayon::current_thread_index().is_some()
+}
+
+/// One shard's part of a batch.
+#[derive(Default)]
+struct ShardBatch<'a> {
+    deletes: Vec<&'a Nibbles>,
+    writes: Vec<&'a (Nibbles, StoredNode)>,
+}
+
+impl ShardBatch<'_> {
+    fn apply(&self, map: &mut Arc<GroupMap>) {
+        if self.deletes.is_empty() && self.writes.is_empty() {
+            return;
+        }
+        let map = Arc::make_mut(map);
+        for path in &self.deletes {
+            let parent = path.slice(..path.len() - 1);
+            if let Some(group) = map.get_mut(&parent) {
+                group.remove(path.get_unchecked(path.len() - 1));
+                if group.is_empty() {
+                    map.remove(&parent);
+                }
+            }
+        }
+        // Siblings are written one after another: look their group up once.
+        let mut i = 0;
+        while let Some((path, _)) = self.writes.get(i) {
+            let last = path.len() - 1;
+            let group = map.entry(path.slice(..last)).or_default();
+            while let Some((sibling, node)) = self.writes.get(i) {
+                if sibling.len() != path.len() || sibling.common_prefix_length(path) < last {
+                    break;
+                }
+                group.set(sibling.get_unchecked(last), node.clone());
+                i += 1;
+            }
+        }
+    }
+}
 
 /// Where a path's node lives: the root, the top group, or a shard's group.
 enum Slot {
@@ -210,12 +306,23 @@ fn slot(path: &Nibbles) -> Slot {
     match path.len() {
         0 => Slot::Root,
         1 => Slot::Top(path.get_unchecked(0)),
-        len => Slot::Shard(usize::from(path.get_unchecked(0)), path.slice(..len - 1), path.get_unchecked(len - 1)),
+        len => Slot::Shard(
+            usize::from(path.get_unchecked(0)),
+            path.slice(..len - 1),
+            path.get_unchecked(len - 1),
+        ),
     }
 }
 
 impl MemTrie {
-    fn get(&self, path: &Nibbles) -> Option<&Node> {
+    fn group(&self, parent: &Nibbles) -> Option<&Group> {
+        match parent.first() {
+            None => Some(&self.top),
+            Some(nibble) => self.shards[usize::from(nibble)].get(parent),
+        }
+    }
+
+    fn get(&self, path: &Nibbles) -> Option<&StoredNode> {
         match slot(path) {
             Slot::Root => self.root.as_ref(),
             Slot::Top(nibble) => self.top.get(nibble),
@@ -230,22 +337,28 @@ impl MemTrie {
     fn len(&self) -> usize {
         usize::from(self.root.is_some())
             + self.top.nodes.len()
-            + self.shards.iter().flat_map(|s| s.values()).map(|g| g.nodes.len()).sum::<usize>()
+            + self
+                .shards
+                .iter()
+                .flat_map(|s| s.values())
+                .map(|g| g.nodes.len())
+                .sum::<usize>()
     }
 
     fn apply(&mut self, updates: &NodeUpdates) {
         // Order the batch by shard, then write the shards in parallel.
-        let mut deletes: [Vec<&Nibbles>; 16] = Default::default();
-        let mut writes: [Vec<&(Nibbles, Node)>; 16] = Default::default();
+        let mut batches: [ShardBatch<'_>; 16] = Default::default();
         let per_shard = updates.write_count() / 12 + 1;
-        for list in &mut writes {
-            list.reserve(per_shard);
+        for batch in &mut batches {
+            batch.writes.reserve(per_shard);
         }
         for path in updates.deletes() {
             match path.len() {
                 0 => self.root = None,
                 1 => self.top.remove(path.get_unchecked(0)),
-                _ => deletes[usize::from(path.get_unchecked(0))].push(path),
+                _ => batches[usize::from(path.get_unchecked(0))]
+                    .deletes
+                    .push(path),
             }
         }
         for write in updates.writes() {
@@ -253,46 +366,28 @@ impl MemTrie {
             match path.len() {
                 0 => self.root = Some(write.1.clone()),
                 1 => self.top.set(path.get_unchecked(0), write.1.clone()),
-                _ => writes[usize::from(path.get_unchecked(0))].push(write),
+                _ => batches[usize::from(path.get_unchecked(0))]
+                    .writes
+                    .push(write),
             }
         }
-        let apply_shard = |((map, deletes), writes): ((&mut Arc<GroupMap>, &mut Vec<&Nibbles>), &mut Vec<&(Nibbles, Node)>)| {
-            if deletes.is_empty() && writes.is_empty() {
-                return;
-            }
-            let map = Arc::make_mut(map);
-            for path in deletes.iter() {
-                let parent = path.slice(..path.len() - 1);
-                if let Some(group) = map.get_mut(&parent) {
-                    group.remove(path.get_unchecked(path.len() - 1));
-                    if group.is_empty() {
-                        map.remove(&parent);
-                    }
-                }
-            }
-            // Siblings are written one after another: look their group up once.
-            let mut i = 0;
-            while let Some((path, _)) = writes.get(i) {
-                let last = path.len() - 1;
-                let group = map.entry(path.slice(..last)).or_default();
-                while let Some((sibling, node)) = writes.get(i) {
-                    if sibling.len() != path.len() || sibling.common_prefix_length(path) < last {
-                        break;
-                    }
-                    group.set(sibling.get_unchecked(last), node.clone());
-                    i += 1;
-                }
-            }
-        };
-        if updates.write_count() + updates.deletes().len() >= PARALLEL_APPLY_MIN {
-            self.shards.par_iter_mut().zip(deletes.par_iter_mut()).zip(writes.par_iter_mut()).for_each(apply_shard);
+        let apply_shard =
+            |(map, batch): (&mut Arc<GroupMap>, &mut ShardBatch<'_>)| batch.apply(map);
+        if parallel(updates.write_count() + updates.deletes().len()) {
+            self.shards
+                .par_iter_mut()
+                .zip(batches.par_iter_mut())
+                .for_each(apply_shard);
         } else {
-            self.shards.iter_mut().zip(deletes.iter_mut()).zip(writes.iter_mut()).for_each(apply_shard);
+            self.shards
+                .iter_mut()
+                .zip(batches.iter_mut())
+                .for_each(apply_shard);
         }
     }
 
-    fn nodes(&self) -> BTreeMap<Nibbles, Node> {
-        fn add(out: &mut BTreeMap<Nibbles, Node>, parent: &Nibbles, group: &Group) {
+    fn nodes(&self) -> BTreeMap<Nibbles, StoredNode> {
+        fn add(out: &mut BTreeMap<Nibbles, StoredNode>, parent: &Nibbles, group: &Group) {
             for (nibble, node) in group.mask.iter().zip(&group.nodes) {
                 let mut path = *parent;
                 path.push_unchecked(nibble);
@@ -330,10 +425,14 @@ impl MemNodeStore {
     }
 
     /// All nodes of one trie, by path.
-    pub fn nodes(&self, trie: TrieId) -> BTreeMap<Nibbles, Node> {
+    pub fn nodes(&self, trie: TrieId) -> BTreeMap<Nibbles, StoredNode> {
         match trie {
             TrieId::Account => self.accounts.nodes(),
-            TrieId::Storage(owner) => self.storages.get(&owner).map(|t| t.nodes()).unwrap_or_default(),
+            TrieId::Storage(owner) => self
+                .storages
+                .get(&owner)
+                .map(|t| t.nodes())
+                .unwrap_or_default(),
         }
     }
 
@@ -358,7 +457,7 @@ impl MemNodeStore {
 impl NodeStore for MemNodeStore {
     type Error = Infallible;
 
-    fn get(&self, trie: TrieId, path: &Nibbles) -> Result<Option<Cow<'_, Node>>, Infallible> {
+    fn get(&self, trie: TrieId, path: &Nibbles) -> Result<Option<Cow<'_, StoredNode>>, Infallible> {
         Ok(match trie {
             TrieId::Account => self.accounts.get(path),
             TrieId::Storage(owner) => self.storages.get(&owner).and_then(|t| t.get(path)),
@@ -366,27 +465,49 @@ impl NodeStore for MemNodeStore {
         .map(Cow::Borrowed))
     }
 
+    fn get_children(
+        &self,
+        trie: TrieId,
+        path: &Nibbles,
+        nibbles: TrieMask,
+    ) -> Result<[Option<Cow<'_, StoredNode>>; 16], Infallible> {
+        let mut children: [Option<Cow<'_, StoredNode>>; 16] = Default::default();
+        let trie = match trie {
+            TrieId::Account => Some(&self.accounts),
+            TrieId::Storage(owner) => self.storages.get(&owner).map(|t| &**t),
+        };
+        if let Some(group) = trie.and_then(|t| t.group(path)) {
+            for nibble in nibbles.iter() {
+                children[usize::from(nibble)] = group.get(nibble).map(Cow::Borrowed);
+            }
+        }
+        Ok(children)
+    }
+
     fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Infallible> {
         let Self { accounts, storages } = self;
-        // The account trie and the storage tries are separate maps: write them side by side.
-        rayon::join(
-            || accounts.apply(&updates.account_nodes),
-            || {
-                for (owner, storage) in &updates.storage_tries {
-                    if storage.wiped {
-                        storages.remove(owner);
-                    }
-                    if storage.nodes.is_empty() {
-                        continue;
-                    }
-                    let trie = Arc::make_mut(storages.entry(*owner).or_default());
-                    trie.apply(&storage.nodes);
-                    if trie.is_empty() {
-                        storages.remove(owner);
-                    }
+        let mut apply_storages = || {
+            for (owner, storage) in &updates.storage_tries {
+                if storage.wiped {
+                    storages.remove(owner);
                 }
-            },
-        );
+                if storage.nodes.is_empty() {
+                    continue;
+                }
+                let trie = Arc::make_mut(storages.entry(*owner).or_default());
+                trie.apply(&storage.nodes);
+                if trie.is_empty() {
+                    storages.remove(owner);
+                }
+            }
+        };
+        if parallel(updates.writes() + updates.deletes()) {
+            // The account trie and the storage tries are separate maps: write them side by side.
+            rayon::join(|| accounts.apply(&updates.account_nodes), apply_storages);
+        } else {
+            accounts.apply(&updates.account_nodes);
+            apply_storages();
+        }
         Ok(())
     }
 }
@@ -395,8 +516,14 @@ impl NodeStore for MemNodeStore {
 mod tests {
     use super::*;
 
-    fn leaf(v: u8) -> Node {
-        Node::Leaf { key: Nibbles::from_nibbles([1]), value: crate::node::Value::new(&[v]) }
+    fn leaf(v: u8) -> StoredNode {
+        StoredNode::new(
+            crate::node::Node::Leaf {
+                key: Nibbles::from_nibbles([1]),
+                value: crate::node::Value::new(&[v]),
+            },
+            &[],
+        )
     }
 
     #[test]
@@ -405,20 +532,46 @@ mod tests {
         let owner = B256::repeat_byte(7);
         let mut updates = TrieUpdates::default();
         updates.account_nodes.push_write(Nibbles::new(), leaf(1));
-        updates.account_nodes.push_write(Nibbles::from_nibbles([3, 4]), leaf(2));
-        updates.storage_tries.entry(owner).or_default().nodes.push_write(Nibbles::new(), leaf(3));
+        updates
+            .account_nodes
+            .push_write(Nibbles::from_nibbles([3, 4]), leaf(2));
+        updates
+            .storage_tries
+            .entry(owner)
+            .or_default()
+            .nodes
+            .push_write(Nibbles::new(), leaf(3));
         a.apply(&updates).unwrap();
 
         let b = a.clone();
         let mut change = TrieUpdates::default();
-        change.account_nodes.push_delete(Nibbles::from_nibbles([3, 4]));
+        change
+            .account_nodes
+            .push_delete(Nibbles::from_nibbles([3, 4]));
         change.storage_tries.entry(owner).or_default().wiped = true;
         a.apply(&change).unwrap();
 
-        assert_eq!(a.get(TrieId::Account, &Nibbles::from_nibbles([3, 4])).unwrap(), None);
-        assert_eq!(a.get(TrieId::Storage(owner), &Nibbles::new()).unwrap(), None);
-        assert_eq!(b.get(TrieId::Account, &Nibbles::from_nibbles([3, 4])).unwrap().as_deref(), Some(&leaf(2)));
-        assert_eq!(b.get(TrieId::Storage(owner), &Nibbles::new()).unwrap().as_deref(), Some(&leaf(3)));
+        assert_eq!(
+            a.get(TrieId::Account, &Nibbles::from_nibbles([3, 4]))
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            a.get(TrieId::Storage(owner), &Nibbles::new()).unwrap(),
+            None
+        );
+        assert_eq!(
+            b.get(TrieId::Account, &Nibbles::from_nibbles([3, 4]))
+                .unwrap()
+                .as_deref(),
+            Some(&leaf(2))
+        );
+        assert_eq!(
+            b.get(TrieId::Storage(owner), &Nibbles::new())
+                .unwrap()
+                .as_deref(),
+            Some(&leaf(3))
+        );
         assert_eq!(a.len(), 1);
         assert_eq!(b.len(), 3);
         assert!(a.storage_owners().is_empty());
@@ -429,7 +582,11 @@ mod tests {
         let mut s = MemNodeStore::new();
         let owner = B256::repeat_byte(1);
         let mut u = TrieUpdates::default();
-        u.storage_tries.entry(owner).or_default().nodes.push_write(Nibbles::from_nibbles([5]), leaf(1));
+        u.storage_tries
+            .entry(owner)
+            .or_default()
+            .nodes
+            .push_write(Nibbles::from_nibbles([5]), leaf(1));
         s.apply(&u).unwrap();
         let mut u = TrieUpdates::default();
         let st = u.storage_tries.entry(owner).or_default();
@@ -442,23 +599,40 @@ mod tests {
     }
 
     #[test]
-    fn large_batches_apply_in_parallel_shards() {
-        let mut s = MemNodeStore::new();
+    fn large_batches_apply_the_same_in_parallel() {
         let mut u = TrieUpdates::default();
         for i in 0..5000u32 {
             let path = Nibbles::unpack(i.to_be_bytes());
             u.account_nodes.push_write(path, leaf(i as u8));
+            u.storage_tries
+                .entry(B256::with_last_byte(1))
+                .or_default()
+                .nodes
+                .push_write(path, leaf(i as u8));
         }
-        s.apply(&u).unwrap();
-        assert_eq!(s.len(), 5000);
         let mut d = TrieUpdates::default();
         for path in u.account_nodes.writes().map(|(p, _)| *p).step_by(2) {
             d.account_nodes.push_delete(path);
         }
         for i in 0..2048u32 {
-            d.account_nodes.push_delete(Nibbles::unpack((i + 100_000).to_be_bytes()));
+            d.account_nodes
+                .push_delete(Nibbles::unpack((i + 100_000).to_be_bytes()));
         }
-        s.apply(&d).unwrap();
-        assert_eq!(s.len(), 2500);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (mut serial, mut parallel) = (MemNodeStore::new(), MemNodeStore::new());
+        for batch in [&u, &d] {
+            serial.apply(batch).unwrap();
+            pool.install(|| parallel.apply(batch)).unwrap();
+        }
+        assert_eq!(serial.len(), 2500 + 5000);
+        assert_eq!(
+            serial.nodes(TrieId::Account),
+            parallel.nodes(TrieId::Account)
+        );
+        let owner = TrieId::Storage(B256::with_last_byte(1));
+        assert_eq!(serial.nodes(owner), parallel.nodes(owner));
     }
 }

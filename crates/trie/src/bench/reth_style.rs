@@ -17,7 +17,10 @@ pub(crate) struct StoredBranches {
 
 impl StoredBranches {
     /// Builds the stored nodes of a full trie over `leaves`.
-    pub(crate) fn build<V>(leaves: &BTreeMap<B256, V>, mut encode: impl FnMut(&B256, &V, &mut Vec<u8>)) -> Self {
+    pub(crate) fn build<V>(
+        leaves: &BTreeMap<B256, V>,
+        mut encode: impl FnMut(&B256, &V, &mut Vec<u8>),
+    ) -> Self {
         let mut builder = HashBuilder::default().with_updates(true);
         let mut buf = Vec::with_capacity(128);
         for (key, value) in leaves {
@@ -27,7 +30,10 @@ impl StoredBranches {
         }
         let root = builder.root();
         let (_, nodes) = builder.split();
-        Self { nodes: nodes.into_iter().collect(), root: Some(root) }
+        Self {
+            nodes: nodes.into_iter().collect(),
+            root: Some(root),
+        }
     }
 
     /// The new root after the keys in `changed` (sorted, unique; present in `leaves` with
@@ -111,24 +117,38 @@ impl<V, F: FnMut(&B256, &V, &mut Vec<u8>)> Walk<'_, V, F> {
     /// Moves the cursor past every leaf under `prefix`.
     fn skip(&mut self, prefix: &Nibbles) {
         self.cursor = match prefix.increment() {
-            Some(next) => {
-                self.leaves.range((Bound::Included(lower_bound(&next)), Bound::Unbounded)).next().map(|(k, _)| *k)
-            }
+            Some(next) => self
+                .leaves
+                .range((Bound::Included(lower_bound(&next)), Bound::Unbounded))
+                .next()
+                .map(|(k, _)| *k),
             None => None,
         };
     }
 
-    fn visit(&mut self, nodes: &BTreeMap<Nibbles, BranchNodeCompact>, path: Nibbles, node: &BranchNodeCompact) {
+    fn visit(
+        &mut self,
+        nodes: &BTreeMap<Nibbles, BranchNodeCompact>,
+        path: Nibbles,
+        node: &BranchNodeCompact,
+    ) {
         self.visited.push(path);
         for nibble in node.state_mask.iter() {
             let mut child = path;
             child.push_unchecked(nibble);
             if node.hash_mask.is_bit_set(nibble) && !self.prefix_changed(&child) {
                 self.emit_until(Some(&child));
-                self.builder.add_branch(child, node.hash_for_nibble(nibble), node.tree_mask.is_bit_set(nibble));
+                self.builder.add_branch(
+                    child,
+                    node.hash_for_nibble(nibble),
+                    node.tree_mask.is_bit_set(nibble),
+                );
                 self.skip(&child);
             } else if node.tree_mask.is_bit_set(nibble) {
-                let below = nodes.range(child..).next().filter(|(k, _)| k.starts_with(&child));
+                let below = nodes
+                    .range(child..)
+                    .next()
+                    .filter(|(k, _)| k.starts_with(&child));
                 if let Some((k, n)) = below {
                     self.visit(nodes, *k, n);
                 }
