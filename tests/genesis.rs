@@ -89,23 +89,36 @@ fn mainnet_genesis_hash_and_root_match_the_known_values() {
 fn overdrive_root(state: &MemState) -> alloy_primitives::B256 {
     use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
     let mut trie = StateTrie::new(MemNodeStore::default(), TrieConfig::with_threads(2)).unwrap();
-    trie.apply(&HashedPostState::from_state(state)).unwrap().root
+    trie.apply(&HashedPostState::from_state(state))
+        .unwrap()
+        .root
 }
 
 #[test]
 fn dev_and_generated_genesis_roots_match_the_reference() {
     let dev = MemState::from_alloc(&ChainSpec::dev().genesis.alloc);
-    assert_eq!(overdrive_root(&dev), overdrive_trie::reference::state_root(&dev));
+    assert_eq!(
+        overdrive_root(&dev),
+        overdrive_trie::reference::state_root(&dev)
+    );
 
     use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
     for kind in [WorkloadKind::Erc20, WorkloadKind::Uniswap] {
-        let w = generate(&WorkloadConfig { accounts: 500, pairs: 8, ..WorkloadConfig::new(kind) })
-            .unwrap();
+        let w = generate(&WorkloadConfig {
+            accounts: 500,
+            pairs: 8,
+            ..WorkloadConfig::new(kind)
+        })
+        .unwrap();
         let reference = overdrive_trie::reference::state_root(&w.genesis);
         assert_eq!(w.genesis_header.state_root, reference, "{kind}");
         assert_eq!(overdrive_root(&w.genesis), reference, "{kind}");
         // The chain spec's allocation is the same state.
         let from_alloc = MemState::from_alloc(&w.chain_spec.genesis.alloc);
-        assert_eq!(overdrive_trie::reference::state_root(&from_alloc), reference, "{kind}");
+        assert_eq!(
+            overdrive_trie::reference::state_root(&from_alloc),
+            reference,
+            "{kind}"
+        );
     }
 }
