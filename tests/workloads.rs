@@ -14,7 +14,7 @@ fn small(kind: WorkloadKind, seed: u64) -> Workload {
         blocks: 3,
         seed,
         pairs: 12,
-        sender_skew: if seed % 2 == 0 { 0.0 } else { 0.3 },
+        sender_skew: if seed.is_multiple_of(2) { 0.0 } else { 0.3 },
         ..WorkloadConfig::new(kind)
     };
     generate(&cfg).expect("workload generates (run scripts/setup.sh for the artifacts)")

@@ -435,10 +435,10 @@ impl Runner {
             ));
         }
         let head = &chain[&head];
-        if let Some(expected) = &fixture.post_state {
-            if let Some(diff) = state_diff(&head.state, &to_mem_state(expected)) {
-                return Outcome::Failed(format!("post-state differs: {diff}"));
-            }
+        if let Some(expected) = &fixture.post_state
+            && let Some(diff) = state_diff(&head.state, &to_mem_state(expected))
+        {
+            return Outcome::Failed(format!("post-state differs: {diff}"));
         }
         if let Some(expected) = fixture.post_state_hash {
             let root = head.header.state_root;

@@ -40,10 +40,10 @@ pub fn run(args: InitArgs) -> eyre::Result<()> {
     let state_root = overdrive_trie::reference::state_root(&state);
     let header = spec.genesis_header(state_root);
     let hash = header.hash_slow();
-    if let Some(expected) = spec.expected_genesis_hash {
-        if expected != hash {
-            bail!("computed genesis hash {hash} differs from the known {expected}");
-        }
+    if let Some(expected) = spec.expected_genesis_hash
+        && expected != hash
+    {
+        bail!("computed genesis hash {hash} differs from the known {expected}");
     }
 
     std::fs::create_dir_all(&args.datadir)
