@@ -50,6 +50,11 @@ pub struct ExecArgs {
     /// Transactions per block.
     #[arg(long, default_value_t = 6_000)]
     txs: usize,
+    /// Instead of `--txs`: fill each block with about this much gas (1000000000 for the
+    /// 1-gigagas mega-block). The transactions per block follow from the gas a sample block of
+    /// the workload uses, executed first.
+    #[arg(long, conflicts_with = "txs")]
+    block_gas: Option<u64>,
     /// Blocks to execute (each on the state the previous one left).
     #[arg(long, default_value_t = 5)]
     blocks: usize,
@@ -59,6 +64,11 @@ pub struct ExecArgs {
     /// Timed runs of each executor on each block; the median counts.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// Untimed runs of each executor on the first block before measuring (page faults of a
+    /// fresh heap, cold instruction caches and thread start-up would otherwise land in block
+    /// 1's timings).
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -87,6 +97,7 @@ struct ExecReport {
     accounts: usize,
     txs: usize,
     threads: usize,
+    gas_per_block: u64,
     sequential_tx_per_s: f64,
     parallel_tx_per_s: Option<f64>,
     speedup: Option<f64>,
@@ -171,8 +182,25 @@ fn timed<E: BlockExecutor>(
     Ok((output, timings[timings.len() / 2]))
 }
 
+/// Transactions per block that use about `gas` in a block of `config`'s workload, from the
+/// average gas of a sample block executed sequentially.
+fn txs_for_gas(config: &WorkloadConfig, gas: u64) -> eyre::Result<usize> {
+    let sample = overdrive_workload::generate(&WorkloadConfig {
+        txs_per_block: 1_000,
+        blocks: 1,
+        ..config.clone()
+    })?;
+    let block = sample
+        .blocks
+        .first()
+        .ok_or_else(|| eyre::eyre!("empty sample workload"))?;
+    let out = SequentialExecutor.execute(&sample.chain_spec, block, &sample.genesis)?;
+    let per_tx = (out.gas_used / block.transactions.len().max(1) as u64).max(1);
+    Ok(usize::try_from(gas.div_ceil(per_tx))?)
+}
+
 fn exec(args: ExecArgs) -> eyre::Result<()> {
-    let config = WorkloadConfig {
+    let mut config = WorkloadConfig {
         kind: args.workload,
         accounts: args.accounts,
         txs_per_block: args.txs,
@@ -182,6 +210,14 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         sender_skew: args.sender_skew,
         pairs: args.pairs,
     };
+    if let Some(gas) = args.block_gas {
+        config.txs_per_block = txs_for_gas(&config, gas)?;
+        tracing::info!(
+            gas,
+            txs_per_block = config.txs_per_block,
+            "mega-block: transactions per block from a sample block's gas"
+        );
+    }
     let started = Instant::now();
     let workload = overdrive_workload::generate(&config)?;
     tracing::info!(elapsed = ?started.elapsed(), blocks = workload.blocks.len(), "workload generated");
@@ -193,6 +229,12 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         ..ParallelConfig::default()
     });
     let mut state = workload.genesis.clone();
+    if let Some(first) = workload.blocks.first() {
+        for _ in 0..args.warmup {
+            SequentialExecutor.execute(spec, first, &state)?;
+            parallel.execute(spec, first, &state)?;
+        }
+    }
     let (mut seq, mut par) = (Timing::default(), Timing::default());
     let (mut txs, mut gas, mut equal) = (0usize, 0u64, true);
     for block in &workload.blocks {
@@ -232,6 +274,8 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
                 exact_ms = stats.exact_ns as f64 / 1e6,
                 help_ms = stats.help_ns as f64 / 1e6,
                 wait_ms = stats.wait_ns as f64 / 1e6,
+                start_ms = stats.start_ns as f64 / 1e6,
+                finish_ms = stats.finish_ns as f64 / 1e6,
                 "committer"
             );
         }
@@ -265,8 +309,9 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         bench: "exec",
         workload: args.workload.to_string(),
         accounts: args.accounts,
-        txs: args.txs,
+        txs: config.txs_per_block,
         threads: args.threads,
+        gas_per_block: (gas as f64 / blocks) as u64,
         sequential_tx_per_s: txs as f64 / seq.wall.as_secs_f64(),
         parallel_tx_per_s: Some(txs as f64 / par.wall.as_secs_f64()),
         speedup: Some(speedup),

@@ -38,7 +38,7 @@ use revm::{
     database::{State, WrapDatabaseRef, states::CacheAccount},
     inspector::NoOpInspector,
     primitives::KECCAK_EMPTY,
-    state::{AccountInfo, EvmState},
+    state::{Account, AccountInfo, EvmState},
 };
 
 /// The reference executor the committer drives.
@@ -59,6 +59,28 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     pub cancun: bool,
     /// Statistics for the benchmark log.
     pub stats: CommitStats,
+    /// Coinbase fees committed but not yet credited in `revm::State` (see [`DeferredFees`]).
+    pub fees: DeferredFees,
+}
+
+/// The fees of validated transactions, held back from `revm::State` until something reads the
+/// coinbase there.
+///
+/// Every transaction pays the coinbase, so committing each payment costs one of the two or
+/// three account transitions a transaction commits. A transaction that loaded the coinbase only
+/// to pay it (a lazy read) changes nothing else on it, so its payment is held here and credited
+/// in one commit, of the last such transaction's account with the summed credit, before any
+/// other read of the coinbase in `revm::State`: an exact execution, a validated transaction that
+/// read the coinbase strictly, the switch to sequential, the end of the block. `revm::State`
+/// merges consecutive transitions of an account into one that keeps the first previous value
+/// and the last present value, so one commit of the sum leaves the same cache, transitions and
+/// bundle as one commit per fee. That holds while the coinbase exists and is not empty (then a
+/// fee only changes its balance, and it cannot become empty); otherwise fees are committed per
+/// transaction as before.
+#[derive(Debug, Default)]
+pub(crate) struct DeferredFees {
+    /// The last deferred transaction's coinbase account and the credits held back.
+    pending: Option<(Account, U256)>,
 }
 
 /// What the committer did, per block.
@@ -78,6 +100,10 @@ pub struct CommitStats {
     pub help_ns: u64,
     /// Nanoseconds spent waiting.
     pub wait_ns: u64,
+    /// Nanoseconds from the call to the first transaction (state set-up, system calls).
+    pub start_ns: u64,
+    /// Nanoseconds from the last commit to the return (post-execution changes, bundle merge).
+    pub finish_ns: u64,
 }
 
 /// A lazily read account: its address, its committed value, what speculation saw.
@@ -98,6 +124,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 // Nothing else runs in this block any more (see `Scheduler::go_sequential`):
                 // the rest executes exactly as the sequential executor does, without the
                 // per-transaction scheduling and publishing.
+                self.flush_fees()?;
                 for tx in &self.block.transactions[k as usize..] {
                     self.executor.execute_transaction(tx)?;
                 }
@@ -147,6 +174,30 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             }
             self.sched.committed(k);
         }
+        self.flush_fees()
+    }
+
+    /// Credits the deferred fees to the coinbase in `revm::State`.
+    fn flush_fees(&mut self) -> Result<(), ExecutionError> {
+        let Some((mut account, credit)) = self.fees.pending.take() else {
+            return Ok(());
+        };
+        let coinbase = self.shared.coinbase;
+        let db = self.executor.evm.db_mut();
+        let now = db
+            .basic(coinbase)
+            .map_err(|e| ExecutionError::Database(e.to_string()))?;
+        // The coinbase existed when the fees were deferred, and only this type commits to it
+        // until now.
+        let mut info = now.ok_or_else(|| {
+            ExecutionError::Other("coinbase vanished while its fees were deferred".into())
+        })?;
+        info.balance = info
+            .balance
+            .checked_add(credit)
+            .ok_or_else(|| ExecutionError::Other("coinbase balance overflow".into()))?;
+        account.info = info;
+        db.commit(std::iter::once((coinbase, account)).collect());
         Ok(())
     }
 
@@ -210,6 +261,15 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         let Some(mut exec) = exec else {
             return self.commit_exact(k, &written);
         };
+        let coinbase = self.shared.coinbase;
+        if self.fees.pending.is_some()
+            && reads.iter().any(|r| {
+                matches!(r, Read::Account { address, mode, .. }
+                    if *address == coinbase && *mode != ReadMode::LazyCoinbase)
+            })
+        {
+            self.flush_fees()?;
+        }
         if self.validate_and_rebase(&reads, &mut exec.state).is_err() {
             return self.commit_exact(k, &written);
         }
@@ -247,6 +307,8 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     fn validate_and_rebase(&mut self, reads: &[Read], state: &mut EvmState) -> Result<(), Invalid> {
         let db: &mut State<WrapDatabaseRef<&'a DB>> = self.executor.evm.db_mut();
         let mut lazy: [Option<LazyRead>; 2] = [None, None];
+        // A lazy coinbase read whose fee is deferred: the coinbase's observed value.
+        let mut defer: Option<(Address, Option<Observed>)> = None;
         for read in reads {
             match read {
                 Read::Account {
@@ -277,6 +339,14 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     }
                     if let Some(base) = base {
                         seed_account(db, *address, base);
+                    }
+                    if *mode == ReadMode::LazyCoinbase
+                        && db.cache.accounts.get(address).is_some_and(|cached| {
+                            cached.account.as_ref().is_some_and(|a| !a.info.is_empty())
+                        })
+                    {
+                        defer = Some((*address, *observed));
+                        continue;
                     }
                     let now = db.basic(*address).map_err(|_| Invalid)?;
                     match mode {
@@ -312,6 +382,15 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         for (address, now, observed) in lazy.into_iter().flatten() {
             rebase(state, address, now, observed)?;
         }
+        if let Some((address, observed)) = defer
+            && let Some((account, credit)) = take_fee(state, address, observed)?
+        {
+            let total = match self.fees.pending.take() {
+                Some((_, held)) => held.checked_add(credit).ok_or(Invalid)?,
+                None => credit,
+            };
+            self.fees.pending = Some((account, total));
+        }
         Ok(())
     }
 
@@ -320,6 +399,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     /// replace them.
     fn commit_exact(&mut self, k: TxIdx, written: &[Location]) -> Result<(), ExecutionError> {
         self.stats.exact += 1;
+        self.flush_fees()?;
         let mv = self.shared.mv;
         let tx = &self.block.transactions[k as usize];
         if self.sched.is_sequential() {
@@ -438,6 +518,37 @@ fn rebase(
     info.balance = info.balance.checked_add(credit).ok_or(Invalid)?;
     account.info = info;
     Ok(())
+}
+
+/// Removes a lazily loaded coinbase from a transaction's changes and returns it with the fee it
+/// was credited, for [`DeferredFees`]. The same checks as [`rebase`]: the fee must be its only
+/// change.
+fn take_fee(
+    state: &mut EvmState,
+    address: Address,
+    observed: Option<Observed>,
+) -> Result<Option<(Account, U256)>, Invalid> {
+    let Some(account) = state.get(&address) else {
+        return Ok(None);
+    };
+    if !account.is_touched() {
+        return Ok(None);
+    }
+    if account.is_selfdestructed()
+        || account.is_created()
+        || account.changed_storage_slots().next().is_some()
+    {
+        return Err(Invalid);
+    }
+    // Speculation anchors the fee on the pre-state coinbase, which may not exist.
+    let (before, nonce, code_hash) = observed.map_or((U256::ZERO, 0, KECCAK_EMPTY), |o| {
+        (o.balance, o.nonce, o.code_hash)
+    });
+    if account.info.nonce != nonce || account.info.code_hash != code_hash {
+        return Err(Invalid);
+    }
+    let credit = account.info.balance.checked_sub(before).ok_or(Invalid)?;
+    Ok(state.remove(&address).map(|account| (account, credit)))
 }
 
 /// The receipt envelope of a transaction type, as alloy-evm's `AlloyReceiptBuilder` builds it.

@@ -15,6 +15,7 @@
 //! transitions into the bundle is split by address across two threads (`merge.rs`), and the
 //! block's speculative data is freed on a pool thread.
 
+mod bloom;
 mod commit;
 mod hints;
 mod merge;
@@ -139,6 +140,7 @@ impl ParallelExecutor {
         block: &RecoveredBlock,
         db: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
+        let started = std::time::Instant::now();
         let env = evm_env(spec, block);
         let coinbase = block.header.beneficiary;
         let cancun = spec.is_cancun_active_at_timestamp(block.header.timestamp);
@@ -206,6 +208,7 @@ impl ParallelExecutor {
                 // Their writes (two system contracts' storage) are not visible to speculation; a
                 // transaction that reads them fails validation and is re-executed exactly.
                 executor.apply_pre_execution_changes()?;
+                let start_ns = started.elapsed().as_nanos() as u64;
                 let mut committer = Committer {
                     executor: &mut executor,
                     block,
@@ -214,9 +217,13 @@ impl ParallelExecutor {
                     speculator: Speculator::new(&shared, env.clone()),
                     cancun,
                     stats: CommitStats::default(),
+                    fees: Default::default(),
                 };
                 let result = committer.run();
-                stats = Some(committer.stats);
+                stats = Some(CommitStats {
+                    start_ns,
+                    ..committer.stats
+                });
                 result
             }));
             // Whatever happened, the workers stop now.
@@ -230,13 +237,16 @@ impl ParallelExecutor {
             return Err(ExecutionError::WorkerPanic(message));
         }
         committed?;
+        let finishing = std::time::Instant::now();
+        let result = executor.apply_post_execution_changes()?;
+        let bundle = merge::merge_and_take(pool, &mut state);
         *self
             .last_stats
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = stats;
-
-        let result = executor.apply_post_execution_changes()?;
-        let bundle = merge::merge_and_take(pool, &mut state);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = stats.map(|s| CommitStats {
+            finish_ns: finishing.elapsed().as_nanos() as u64,
+            ..s
+        });
         // Freeing the block's speculative data and caches takes a millisecond or two; the pool
         // thread does it while this one returns.
         let cache = std::mem::take(&mut state.cache);

@@ -6,6 +6,7 @@
 //! onto the exact coinbase balance at commit) instead of a read that every transaction would
 //! conflict on.
 
+use super::bloom::BloomCache;
 use super::mv::{AccountRead, Location, MvMemory, MvValue, StorageRead, TxIdx};
 use crate::StateReader;
 use alloy_consensus::{TxEnvelope, transaction::Recovered};
@@ -352,6 +353,7 @@ pub(crate) struct Speculator<'a, DB: StateReader> {
     writes: Vec<(Location, MvValue)>,
     /// Capacity for the next transaction's read list.
     reads_hint: usize,
+    bloom: BloomCache,
 }
 
 impl<'a, DB: StateReader> Speculator<'a, DB> {
@@ -370,6 +372,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             evm: EthEvmBuilder::new(db, env).build().into_inner(),
             writes: Vec::with_capacity(8),
             reads_hint: 8,
+            bloom: BloomCache::default(),
         }
     }
 
@@ -415,7 +418,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                 } else {
                     Vec::new()
                 };
-                let bloom = result.logs().iter().collect();
+                let bloom = self.bloom.bloom(result.logs());
                 SpecRun::Done(Box::new(SpecOutcome {
                     reads,
                     exec: Some(SpecExec {
