@@ -11,7 +11,7 @@
 use crate::{
     error::TrieError,
     node::{Node, StoredNode, Value, rlp_node_counted, root_hash_of},
-    store::{NodeStore, NodeUpdates, TrieId},
+    store::{ChildNodes, NodeStore, NodeUpdates, TrieId, prefetch},
 };
 use alloy_primitives::B256;
 use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieMask, nodes::RlpNode};
@@ -47,17 +47,13 @@ impl<'s, S: NodeStore> Ctx<'s, S> {
     }
 
     /// All children in `mask`, each required to exist.
-    fn get_children(
-        &self,
-        path: &Nibbles,
-        mask: TrieMask,
-    ) -> Result<[Option<Cow<'s, StoredNode>>; 16], TrieError> {
+    fn get_children(&self, path: &Nibbles, mask: TrieMask) -> Result<ChildNodes<'s>, TrieError> {
         let children = self
             .store
-            .get_children(self.trie, path, mask)
+            .get_child_nodes(self.trie, path, mask)
             .map_err(TrieError::store)?;
         for nibble in mask.iter() {
-            if children[usize::from(nibble)].is_none() {
+            if !children.has(nibble) {
                 return Err(TrieError::MissingNode {
                     trie: self.trie,
                     path: child_path(path, nibble),
@@ -166,7 +162,7 @@ pub(crate) fn update_trie<S: NodeStore, O: LeafOp>(
     let existing = if wiped { None } else { ctx.get(&root)? };
     let existed = existing.is_some();
     Ok(
-        match update_node(ctx, root, existing.as_deref(), updates, out)? {
+        match update_node(ctx, root, existing.as_ref().map(|s| &s.node), updates, out)? {
             Sub::Unchanged => RootChange::Unchanged,
             Sub::Empty if !existed && !wiped => RootChange::Unchanged,
             Sub::Empty => {
@@ -234,7 +230,7 @@ pub(crate) fn get_value<S: NodeStore>(
 fn update_node<S: NodeStore, O: LeafOp>(
     ctx: &Ctx<'_, S>,
     path: Nibbles,
-    existing: Option<&StoredNode>,
+    existing: Option<&Node>,
     updates: &[(Nibbles, O)],
     out: &mut Out,
 ) -> Result<Sub, TrieError> {
@@ -245,7 +241,7 @@ fn update_node<S: NodeStore, O: LeafOp>(
             Sub::Empty
         });
     }
-    match existing.map(|s| &s.node) {
+    match existing {
         None => build_from_ops(ctx, path, updates, out),
         Some(Node::Branch { state_mask, value }) => {
             let branch = BranchIn {
@@ -334,7 +330,7 @@ fn update_extension<S: NodeStore, O: LeafOp>(
     if shared == full.len() {
         let child_node = ctx.get_existing(&full)?;
         return Ok(
-            match update_node(ctx, full, Some(&child_node), updates, out)? {
+            match update_node(ctx, full, Some(&child_node.node), updates, out)? {
                 Sub::Unchanged => Sub::Unchanged,
                 Sub::Empty => {
                     out.delete(full);
@@ -437,21 +433,6 @@ fn nibble_groups<T>(items: &[(Nibbles, T)], depth: usize) -> Groups {
     groups
 }
 
-/// Asks for the memory at `ptr` ahead of use, so that the misses of sibling nodes overlap
-/// instead of each waiting until the walk reaches its node.
-#[inline(always)]
-fn prefetch(ptr: *const u8, lines: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in 0..lines {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a hint that never
-        // faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.wrapping_add(line * 64).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ptr, lines);
-}
-
 fn child_path(path: &Nibbles, nibble: u8) -> Nibbles {
     let mut child = *path;
     child.push_unchecked(nibble);
@@ -501,30 +482,44 @@ fn update_branch<S: NodeStore, O: LeafOp>(
     // for their references when this branch is re-encoded.
     let stored = ctx.get_children(&path, branch.state_mask)?;
     let groups = nibble_groups(updates, depth);
-    for &(nibble, _, _) in groups.as_slice() {
-        if let Some(child) = stored[usize::from(nibble)].as_deref() {
-            prefetch((child as *const StoredNode).cast(), 3);
-        }
-    }
-    // The untouched children are read only for their references, once the others are done.
-    for child in stored.iter().flatten() {
-        prefetch((&child.reference as *const RlpNode).cast(), 1);
-    }
-    let virtual_node = branch.virtual_child.as_ref().map(|(nibble, short)| {
-        (
-            *nibble,
-            StoredNode {
-                node: short.clone().into_node(),
-                reference: RlpNode::default(),
-            },
-        )
-    });
-    let existing = |nibble: u8| -> Option<&StoredNode> {
+    let virtual_node = branch
+        .virtual_child
+        .as_ref()
+        .map(|(nibble, short)| (*nibble, short.clone().into_node()));
+    let existing = |nibble: u8| -> Option<&Node> {
         match &virtual_node {
             Some((n, node)) if *n == nibble => Some(node),
-            _ => stored[usize::from(nibble)].as_deref(),
+            _ => stored.node(nibble),
         }
     };
+    // The walk below is a chain of dependent misses (a group, then a node in it, then the
+    // next group): start those of all children with updates now, so that they overlap
+    // instead of each waiting until the walk reaches its child. Two passes, so that the
+    // nodes' loads all start before the first is waited for.
+    for &(nibble, _, _) in groups.as_slice() {
+        if let Some(node) = stored.node(nibble) {
+            prefetch((node as *const Node).cast(), 2);
+        }
+    }
+    for &(nibble, start, end) in groups.as_slice() {
+        if let Some(Node::Branch { .. }) = stored.node(nibble) {
+            // The grandchildren this child's updates descend into (all, for a long run).
+            let run = &updates[start..end];
+            let nibbles = if run.len() > 16 {
+                TrieMask::new(u16::MAX)
+            } else {
+                let mut mask = TrieMask::default();
+                for (key, _) in run {
+                    if let Some(next) = key.get(depth + 1) {
+                        mask.set_bit(next);
+                    }
+                }
+                mask
+            };
+            ctx.store
+                .prefetch_children(ctx.trie, &child_path(&path, nibble), nibbles);
+        }
+    }
 
     // Results of the children that have updates, by nibble.
     let mut results: [Option<Sub>; 16] = std::array::from_fn(|_| None);
@@ -604,8 +599,8 @@ fn update_branch<S: NodeStore, O: LeafOp>(
                     reference
                 }
                 Some(Sub::Short(short)) => out.commit_short(child, short),
-                _ => match (&stored[usize::from(nibble)], &branch.virtual_child) {
-                    (Some(stored), _) => stored.reference.clone(),
+                _ => match (stored.reference(nibble), &branch.virtual_child) {
+                    (Some(reference), _) => reference.clone(),
                     // The split-off rest of an extension is written now that it has a sibling.
                     (None, Some((_, short))) => out.commit_short(child, short.clone()),
                     (None, None) => {
@@ -637,11 +632,14 @@ fn update_branch<S: NodeStore, O: LeafOp>(
                 }
                 Sub::Short(short.prepend_nibble(nibble))
             }
-            _ => match (&stored[usize::from(nibble)], &branch.virtual_child) {
-                (Some(stored), _) => match &stored.node {
+            _ => match (stored.node(nibble), &branch.virtual_child) {
+                (Some(node), _) => match node {
                     Node::Branch { .. } => Sub::Short(Short::Extension(
                         single_nibble(nibble),
-                        stored.reference.clone(),
+                        stored
+                            .reference(nibble)
+                            .ok_or(TrieError::Invariant("stored child without a reference"))?
+                            .clone(),
                     )),
                     Node::Extension {
                         key,

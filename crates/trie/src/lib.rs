@@ -29,7 +29,9 @@ pub use node::{Node, NodeDecodeError, StoredNode, Value};
 pub use raw::RawTrie;
 pub use state::{HashedAccount, HashedPostState, HashedStorage};
 pub use state_trie::{StateRootOutput, StateTrie, TrieConfig, TrieStats};
-pub use store::{MemNodeStore, NodeStore, NodeUpdates, StorageTrieUpdates, TrieId, TrieUpdates};
+pub use store::{
+    ChildNodes, MemNodeStore, NodeStore, NodeUpdates, StorageTrieUpdates, TrieId, TrieUpdates,
+};
 
 /// Types from alloy-trie that appear in this crate's API.
 pub use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieAccount, TrieMask, nodes::RlpNode};
