@@ -4,6 +4,7 @@
 use crate::{
     engine::{Ctx, LeafOp, Out, RootChange, get_value, root_of_node, update_trie},
     error::TrieError,
+    node::Value,
     state::{HashedAccount, HashedPostState, HashedStorage},
     store::{MemNodeStore, NodeStore, StorageTrieUpdates, TrieId, TrieUpdates},
 };
@@ -393,12 +394,7 @@ impl<S: NodeStore> StateTrie<S> {
 
     /// The stored account under a hashed address.
     pub fn account(&self, hashed_address: B256) -> Result<Option<TrieAccount>, TrieError> {
-        let ctx = Ctx {
-            store: &self.store,
-            trie: TrieId::Account,
-            split_at: usize::MAX,
-        };
-        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_address))? else {
+        let Some(value) = self.leaf(TrieId::Account, hashed_address)? else {
             return Ok(None);
         };
         TrieAccount::decode(&mut &value[..])
@@ -407,6 +403,16 @@ impl<S: NodeStore> StateTrie<S> {
                 address: hashed_address,
                 source,
             })
+    }
+
+    /// The value stored under a hashed key of one trie, read through the store.
+    fn leaf(&self, trie: TrieId, hashed_key: B256) -> Result<Option<Value>, TrieError> {
+        let ctx = Ctx {
+            store: &self.store,
+            trie,
+            split_at: usize::MAX,
+        };
+        get_value(&ctx, &Nibbles::unpack(hashed_key))
     }
 
     /// The storage root of the account under a hashed address (empty for none).
@@ -422,12 +428,7 @@ impl<S: NodeStore> StateTrie<S> {
         hashed_address: B256,
         hashed_slot: B256,
     ) -> Result<Option<U256>, TrieError> {
-        let ctx = Ctx {
-            store: &self.store,
-            trie: TrieId::Storage(hashed_address),
-            split_at: usize::MAX,
-        };
-        let Some(value) = get_value(&ctx, &Nibbles::unpack(hashed_slot))? else {
+        let Some(value) = self.leaf(TrieId::Storage(hashed_address), hashed_slot)? else {
             return Ok(None);
         };
         U256::decode(&mut &value[..])

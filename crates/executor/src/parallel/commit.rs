@@ -498,39 +498,19 @@ fn rebase(
     let Some(account) = state.get_mut(&address) else {
         return Ok(());
     };
-    if !account.is_touched() {
+    let Some(credit) = lazy_credit(account, observed)? else {
         return Ok(());
-    }
-    if account.is_selfdestructed()
-        || account.is_created()
-        || account.changed_storage_slots().next().is_some()
-    {
-        return Err(Invalid);
-    }
-    let (before, nonce, code_hash) = observed.map_or((U256::ZERO, 0, KECCAK_EMPTY), |o| {
-        (o.balance, o.nonce, o.code_hash)
-    });
-    if account.info.nonce != nonce || account.info.code_hash != code_hash {
-        return Err(Invalid);
-    }
-    let credit = account.info.balance.checked_sub(before).ok_or(Invalid)?;
+    };
     let mut info = now.unwrap_or_default();
     info.balance = info.balance.checked_add(credit).ok_or(Invalid)?;
     account.info = info;
     Ok(())
 }
 
-/// Removes a lazily loaded coinbase from a transaction's changes and returns it with the fee it
-/// was credited, for [`DeferredFees`]. The same checks as [`rebase`]: the fee must be its only
-/// change.
-fn take_fee(
-    state: &mut EvmState,
-    address: Address,
-    observed: Option<Observed>,
-) -> Result<Option<(Account, U256)>, Invalid> {
-    let Some(account) = state.get(&address) else {
-        return Ok(None);
-    };
+/// What a lazily read account was credited, when that credit is its only change: `None` when
+/// the transaction left it untouched, `Invalid` when it did anything else to it. `observed` is
+/// what speculation read (`None`: the account did not exist).
+fn lazy_credit(account: &Account, observed: Option<Observed>) -> Result<Option<U256>, Invalid> {
     if !account.is_touched() {
         return Ok(None);
     }
@@ -540,14 +520,35 @@ fn take_fee(
     {
         return Err(Invalid);
     }
-    // Speculation anchors the fee on the pre-state coinbase, which may not exist.
     let (before, nonce, code_hash) = observed.map_or((U256::ZERO, 0, KECCAK_EMPTY), |o| {
         (o.balance, o.nonce, o.code_hash)
     });
     if account.info.nonce != nonce || account.info.code_hash != code_hash {
         return Err(Invalid);
     }
-    let credit = account.info.balance.checked_sub(before).ok_or(Invalid)?;
+    account
+        .info
+        .balance
+        .checked_sub(before)
+        .ok_or(Invalid)
+        .map(Some)
+}
+
+/// Removes a lazily loaded coinbase from a transaction's changes and returns it with the fee it
+/// was credited, for [`DeferredFees`].
+fn take_fee(
+    state: &mut EvmState,
+    address: Address,
+    observed: Option<Observed>,
+) -> Result<Option<(Account, U256)>, Invalid> {
+    let Some(credit) = state
+        .get(&address)
+        .map(|account| lazy_credit(account, observed))
+        .transpose()?
+        .flatten()
+    else {
+        return Ok(None);
+    };
     Ok(state.remove(&address).map(|account| (account, credit)))
 }
 
