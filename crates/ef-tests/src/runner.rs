@@ -187,7 +187,9 @@ impl Runner {
             ExecutorChoice::Sequential => None,
             ExecutorChoice::Parallel { threads } => Some(ParallelExecutor::new(ParallelConfig {
                 threads,
+                // Every fixture block with two or more transactions takes the parallel path.
                 min_txs_for_parallel: 0,
+                min_gas_for_parallel: 0,
                 ..ParallelConfig::default()
             })),
         };

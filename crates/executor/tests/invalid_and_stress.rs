@@ -218,6 +218,7 @@ fn random_thread_counts_and_thresholds() {
             overdrive_executor::ParallelExecutor::new(overdrive_executor::ParallelConfig {
                 threads,
                 min_txs_for_parallel: generator.rng.random_range(0..40),
+                min_gas_for_parallel: generator.rng.random_range(0..2_000_000),
                 ..Default::default()
             });
         let out = assert_equal(
@@ -298,4 +299,37 @@ fn a_panicking_worker_rejects_the_block() {
         );
         assert_equal(&executor, &generator.spec, &ok, &state, "after panic").expect("valid");
     }
+}
+
+#[test]
+fn small_blocks_take_the_sequential_path_by_gas() {
+    let (mut generator, state) = Gen::new(Fork::Shanghai, 7);
+    let mut block = generator.block(&state, 40);
+    let limits: u64 = block
+        .transactions
+        .iter()
+        .map(|tx| alloy_consensus::Transaction::gas_limit(tx.inner()))
+        .sum();
+    // Without a gas-used figure in the header the estimate is the sum of the gas limits.
+    block.header.gas_used = 0;
+    assert_eq!(overdrive_executor::block_gas_estimate(&block), limits);
+    block.header.gas_used = 1_234;
+    assert_eq!(overdrive_executor::block_gas_estimate(&block), 1_234);
+
+    let executor = |min_gas| {
+        overdrive_executor::ParallelExecutor::new(overdrive_executor::ParallelConfig {
+            threads: 2,
+            min_txs_for_parallel: 0,
+            min_gas_for_parallel: min_gas,
+            ..Default::default()
+        })
+    };
+    // Below the threshold: the sequential path, which leaves no committer statistics.
+    let small = executor(1_235);
+    assert_equal(&small, &generator.spec, &block, &state, "below").expect("valid");
+    assert!(small.last_stats().is_none());
+    // At it: the parallel path.
+    let large = executor(1_234);
+    assert_equal(&large, &generator.spec, &block, &state, "at").expect("valid");
+    assert!(large.last_stats().is_some());
 }

@@ -84,6 +84,10 @@ pub struct ExecArgs {
     /// Blocks with fewer transactions take the parallel executor's sequential path.
     #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_TXS_FOR_PARALLEL)]
     min_parallel_txs: usize,
+    /// Blocks whose gas (the header's gas used, else the sum of the transactions' gas limits)
+    /// is lower take the parallel executor's sequential path.
+    #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_GAS_FOR_PARALLEL)]
+    min_parallel_gas: u64,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -219,13 +223,14 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         );
     }
     let started = Instant::now();
-    let workload = overdrive_workload::generate(&config)?;
+    let mut workload = overdrive_workload::generate(&config)?;
     tracing::info!(elapsed = ?started.elapsed(), blocks = workload.blocks.len(), "workload generated");
 
     let spec = &workload.chain_spec;
     let parallel = ParallelExecutor::new(ParallelConfig {
         threads: args.threads,
         min_txs_for_parallel: args.min_parallel_txs,
+        min_gas_for_parallel: args.min_parallel_gas,
         ..ParallelConfig::default()
     });
     let mut state = workload.genesis.clone();
@@ -237,9 +242,12 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     }
     let (mut seq, mut par) = (Timing::default(), Timing::default());
     let (mut txs, mut gas, mut equal) = (0usize, 0u64, true);
-    for block in &workload.blocks {
+    for block in &mut workload.blocks {
         // Same block, same pre-state, one after the other in this process.
         let (out, t) = timed(&SequentialExecutor, spec, block, &state, args.repeat)?;
+        // The generated headers leave gas used at zero; a block a node validates carries it,
+        // and the parallel executor's small-block fallback reads it.
+        block.header.gas_used = out.gas_used;
         let (par_out, p) = timed(&parallel, spec, block, &state, args.repeat)?;
         let block_equal = par_out == out;
         if !block_equal {

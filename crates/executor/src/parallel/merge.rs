@@ -17,6 +17,9 @@ use revm::{
     },
 };
 
+/// Transitions below this count are merged on the calling thread alone.
+const PARALLEL_MERGE_MIN: usize = 1024;
+
 /// What one half of the merge produces.
 #[derive(Default)]
 struct Part {
@@ -79,6 +82,11 @@ pub(crate) fn merge_and_take<DB: revm::Database>(
         return bundle;
     }
     let n = transitions.transitions.len();
+    if n < PARALLEL_MERGE_MIN {
+        // Waking the pool thread costs more than half of a small merge.
+        let part = merge_part(transitions.transitions.into_iter().collect(), n);
+        return into_bundle(part, Part::default());
+    }
     let (mut low, mut high) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for (address, transition) in transitions.transitions {
         if address.0[0] < 0x80 {
@@ -99,7 +107,11 @@ pub(crate) fn merge_and_take<DB: revm::Database>(
         });
         merge_part(low, n)
     });
-    let high = high_part.unwrap_or_default();
+    into_bundle(low, high_part.unwrap_or_default())
+}
+
+/// The bundle of two parts whose addresses are disjoint, the first's all below the second's.
+fn into_bundle(low: Part, high: Part) -> BundleState {
     let mut big = low.accounts;
     big.extend(high.accounts);
     let mut reverts = low.reverts;

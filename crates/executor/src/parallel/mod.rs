@@ -46,9 +46,29 @@ use std::{
     sync::Mutex,
 };
 
-/// Blocks with fewer transactions than this run sequentially by default: below it the
-/// per-block set-up (hints, memory, waking the pool) costs more than the second core returns.
+/// Blocks with fewer transactions than this run sequentially by default.
 pub const DEFAULT_MIN_TXS_FOR_PARALLEL: usize = 16;
+
+/// Blocks whose estimated gas (see [`block_gas_estimate`]) is below this run sequentially by
+/// default: the parallel path costs about 0.1 ms a block more (hints, multi-version memory,
+/// waking the pool), which a block must win back. Measured on 2 threads (`BENCHMARKS.md`):
+/// parallel breaks even at about 3–4.5 Mgas of transfers or ERC20 transfers and at about
+/// 2.5 Mgas of Uniswap swaps.
+pub const DEFAULT_MIN_GAS_FOR_PARALLEL: u64 = 4_000_000;
+
+/// The gas a block's execution is expected to use, known before executing it: the header's
+/// `gas_used` when the block has one (a block being validated), otherwise the sum of its
+/// transactions' gas limits.
+pub fn block_gas_estimate(block: &RecoveredBlock) -> u64 {
+    use alloy_consensus::Transaction as _;
+    if block.header.gas_used > 0 {
+        return block.header.gas_used;
+    }
+    block
+        .transactions
+        .iter()
+        .fold(0u64, |sum, tx| sum.saturating_add(tx.gas_limit()))
+}
 
 /// Configuration of a [`ParallelExecutor`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +78,8 @@ pub struct ParallelConfig {
     pub threads: usize,
     /// Blocks with fewer transactions run on the sequential path.
     pub min_txs_for_parallel: usize,
+    /// Blocks whose [`block_gas_estimate`] is lower run on the sequential path.
+    pub min_gas_for_parallel: u64,
     /// Defer the coinbase fee to commit (every transaction pays it, so eager payment makes
     /// every transaction conflict with every other).
     pub lazy_coinbase: bool,
@@ -73,6 +95,7 @@ impl Default for ParallelConfig {
         Self {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             min_txs_for_parallel: DEFAULT_MIN_TXS_FOR_PARALLEL,
+            min_gas_for_parallel: DEFAULT_MIN_GAS_FOR_PARALLEL,
             lazy_coinbase: true,
             lazy_recipients: true,
             chain_fallback: true,
@@ -131,6 +154,12 @@ impl ParallelExecutor {
             .last_stats
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `block` is large enough for the parallel path to pay for its set-up.
+    fn worth_parallel(&self, block: &RecoveredBlock) -> bool {
+        block.transactions.len() >= self.config.min_txs_for_parallel.max(2)
+            && block_gas_estimate(block) >= self.config.min_gas_for_parallel
     }
 
     fn execute_parallel<DB: StateReader>(
@@ -342,7 +371,7 @@ impl BlockExecutor for ParallelExecutor {
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
         match &self.pool {
-            Some(pool) if block.transactions.len() >= self.config.min_txs_for_parallel.max(2) => {
+            Some(pool) if self.worth_parallel(block) => {
                 // A panic anywhere (system calls included) rejects the block; the committer's
                 // state is dropped with it, so nothing partial survives.
                 catch_unwind(AssertUnwindSafe(|| {
