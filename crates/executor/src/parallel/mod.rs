@@ -52,13 +52,14 @@ pub const DEFAULT_MIN_TXS_FOR_PARALLEL: usize = 16;
 /// Blocks whose estimated gas (see [`block_gas_estimate`]) is below this run sequentially by
 /// default: the parallel path costs about 0.1 ms a block more (hints, multi-version memory,
 /// waking the pool), which a block must win back. Measured on 2 threads (`BENCHMARKS.md`):
-/// parallel breaks even at about 3–4.5 Mgas of transfers or ERC20 transfers and at about
+/// parallel breaks even at about 3–5 Mgas of transfers or ERC20 transfers and at about
 /// 2.5 Mgas of Uniswap swaps.
 pub const DEFAULT_MIN_GAS_FOR_PARALLEL: u64 = 4_000_000;
 
 /// The gas a block's execution is expected to use, known before executing it: the header's
 /// `gas_used` when the block has one (a block being validated), otherwise the sum of its
-/// transactions' gas limits.
+/// transactions' gas limits. It only picks the path; a wrong header value (an invalid block)
+/// costs time, never a different output.
 pub fn block_gas_estimate(block: &RecoveredBlock) -> u64 {
     use alloy_consensus::Transaction as _;
     if block.header.gas_used > 0 {
