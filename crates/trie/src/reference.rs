@@ -17,6 +17,15 @@ pub fn root_of_sorted<'a>(leaves: impl IntoIterator<Item = (Nibbles, &'a [u8])>)
     builder.root()
 }
 
+/// Root over hashed keys and their encoded values, already in key order.
+fn root_of_map(sorted: &BTreeMap<B256, Vec<u8>>) -> B256 {
+    root_of_sorted(
+        sorted
+            .iter()
+            .map(|(k, v)| (Nibbles::unpack(k), v.as_slice())),
+    )
+}
+
 /// Storage root over hashed slots; zero values are absent.
 pub fn hashed_storage_root(slots: impl IntoIterator<Item = (B256, U256)>) -> B256 {
     let sorted: BTreeMap<B256, Vec<u8>> = slots
@@ -24,11 +33,7 @@ pub fn hashed_storage_root(slots: impl IntoIterator<Item = (B256, U256)>) -> B25
         .filter(|(_, v)| !v.is_zero())
         .map(|(k, v)| (k, alloy_rlp::encode(v)))
         .collect();
-    root_of_sorted(
-        sorted
-            .iter()
-            .map(|(k, v)| (Nibbles::unpack(k), v.as_slice())),
-    )
+    root_of_map(&sorted)
 }
 
 /// Storage root of plain slots: keys are hashed with keccak, zero values are absent.
@@ -46,11 +51,7 @@ pub fn hashed_state_root(accounts: impl IntoIterator<Item = (B256, TrieAccount)>
         .into_iter()
         .map(|(k, a)| (k, alloy_rlp::encode(a)))
         .collect();
-    root_of_sorted(
-        sorted
-            .iter()
-            .map(|(k, v)| (Nibbles::unpack(k), v.as_slice())),
-    )
+    root_of_map(&sorted)
 }
 
 /// State root of a full in-memory state.
