@@ -14,6 +14,7 @@
 
 use super::{
     mv::{Location, TxIdx},
+    recycle::{Recycler, Spent},
     sched::{DONE, PENDING, RUNNING, Scheduler},
     spec::{
         Observed, Read, ReadMode, SpecExec, SpecOutcome, SpecRun, SpecShared, Speculator,
@@ -61,6 +62,10 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     pub stats: CommitStats,
     /// Coinbase fees committed but not yet credited in `revm::State` (see [`DeferredFees`]).
     pub fees: DeferredFees,
+    /// Where committed speculative results go to be freed by a pool thread.
+    pub recycler: &'c Recycler,
+    /// Committed speculative results not yet handed to `recycler`.
+    pub spent: Vec<Spent>,
 }
 
 /// The fees of validated transactions, held back from `revm::State` until something reads the
@@ -249,34 +254,36 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     fn commit_speculative(
         &mut self,
         k: TxIdx,
-        outcome: Box<SpecOutcome>,
+        mut outcome: Box<SpecOutcome>,
     ) -> Result<(), ExecutionError> {
         let tx = &self.block.transactions[k as usize];
         self.check_block_gas(tx)?;
-        let SpecOutcome {
-            reads,
-            exec,
-            written,
-        } = *outcome;
-        let Some(mut exec) = exec else {
-            return self.commit_exact(k, &written);
+        let Some(mut exec) = outcome.exec.take() else {
+            let result = self.commit_exact(k, &outcome.written);
+            self.recycle(outcome, None);
+            return result;
         };
         let coinbase = self.shared.coinbase;
         if self.fees.pending.is_some()
-            && reads.iter().any(|r| {
+            && outcome.reads.iter().any(|r| {
                 matches!(r, Read::Account { address, mode, .. }
                     if *address == coinbase && *mode != ReadMode::LazyCoinbase)
             })
         {
             self.flush_fees()?;
         }
-        if self.validate_and_rebase(&reads, &mut exec.state).is_err() {
-            return self.commit_exact(k, &written);
+        if self
+            .validate_and_rebase(&outcome.reads, &mut exec.state)
+            .is_err()
+        {
+            let result = self.commit_exact(k, &outcome.written);
+            self.recycle(outcome, Some(exec.state));
+            return result;
         }
         self.stats.validated += 1;
         let SpecExec {
             result,
-            state,
+            mut state,
             bloom,
         } = exec;
         let executor = &mut *self.executor;
@@ -299,8 +306,20 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             logs_bloom: bloom,
         };
         executor.receipts.push(envelope(tx.tx_type(), receipt));
-        executor.evm.db_mut().commit(state);
+        // `commit_iter` applies each account exactly as `commit` does (same cache update, same
+        // transition); draining keeps the map's table for its owner to free.
+        executor.evm.db_mut().commit_iter(&mut state.drain());
+        self.recycle(outcome, Some(state));
         Ok(())
+    }
+
+    /// Queues a consumed speculative result for a pool thread to free (see `recycle.rs`).
+    fn recycle(&mut self, outcome: Box<SpecOutcome>, state: Option<EvmState>) {
+        self.spent.push(Spent {
+            _outcome: outcome,
+            _state: state,
+        });
+        self.recycler.give(&mut self.spent);
     }
 
     /// Checks every recorded read against the committed state and rebases the lazy balances.

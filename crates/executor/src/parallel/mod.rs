@@ -13,13 +13,15 @@
 //! (nothing is speculated before the hints are published); a block whose hints show one chain
 //! over most of it is left to the committer alone; the end-of-block merge of the state
 //! transitions into the bundle is split by address across two threads (`merge.rs`), and the
-//! block's speculative data is freed on a pool thread.
+//! block's speculative data is freed on a pool thread — committed results during the block, in
+//! batches, by the pool thread that allocated them (`recycle.rs`).
 
 mod bloom;
 mod commit;
 mod hints;
 mod merge;
 mod mv;
+mod recycle;
 mod sched;
 mod spec;
 
@@ -217,16 +219,18 @@ impl ParallelExecutor {
         let workers = self.config.threads - 1;
 
         let mut stats = None;
+        let recycler = recycle::Recycler::default();
+        let mut spent = Vec::new();
         let committed = pool.in_place_scope(|scope| {
             for w in 0..workers {
-                let (sched, shared, env) = (&sched, &shared, env.clone());
+                let (sched, shared, env, recycler) = (&sched, &shared, env.clone(), &recycler);
                 // The first worker builds the hints while the committer runs the system calls
                 // and starts executing the first transactions exactly: both cores are busy from
                 // the start.
                 let hint_job = (w == 0).then_some(hint_job);
                 scope.spawn(move |_| {
                     let run = catch_unwind(AssertUnwindSafe(|| {
-                        worker(sched, shared, block, env, hint_job);
+                        worker(sched, shared, block, env, hint_job, recycler);
                     }));
                     if let Err(panic) = run {
                         sched.record_panic(panic_message(panic.as_ref()));
@@ -248,12 +252,15 @@ impl ParallelExecutor {
                     cancun,
                     stats: CommitStats::default(),
                     fees: Default::default(),
+                    recycler: &recycler,
+                    spent: Vec::new(),
                 };
                 let result = committer.run();
                 stats = Some(CommitStats {
                     start_ns,
                     ..committer.stats
                 });
+                spent = std::mem::take(&mut committer.spent);
                 result
             }));
             // Whatever happened, the workers stop now.
@@ -280,7 +287,7 @@ impl ParallelExecutor {
         // Freeing the block's speculative data and caches takes a millisecond or two; the pool
         // thread does it while this one returns.
         let cache = std::mem::take(&mut state.cache);
-        pool.spawn(move || drop((mv, sched, new_code, cache)));
+        pool.spawn(move || drop((mv, sched, new_code, cache, spent, recycler)));
         Ok(BlockOutput {
             receipts: result.receipts,
             gas_used: result.gas_used,
@@ -308,6 +315,7 @@ fn worker<DB: StateReader>(
     block: &RecoveredBlock,
     env: alloy_evm::EvmEnv,
     hint_job: Option<HintJob>,
+    recycler: &recycle::Recycler,
 ) {
     if let Some(job) = hint_job {
         let hints = hints::build(&block.transactions, job.coinbase, job.lazy_recipients);
@@ -323,6 +331,7 @@ fn worker<DB: StateReader>(
     let mut speculator = Speculator::new(shared, env);
     let mut next = None;
     while !sched.stopped() && !sched.is_sequential() {
+        recycler.free_returned();
         let Some(j) = next.take().or_else(|| sched.next_task()) else {
             sched.idle_wait();
             continue;

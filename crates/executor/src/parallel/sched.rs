@@ -62,6 +62,11 @@ pub(crate) struct Scheduler {
     ready_len: AtomicUsize,
     /// Idle workers wait here for `ready` to fill or the block to end.
     idle: Condvar,
+    /// Workers waiting on `idle`. Changed and read only with `ready` locked, so a notifier
+    /// that sees zero cannot miss a sleeper; it skips the notification, which is a system call
+    /// (one per released batch of dependants otherwise, measured at 4 % of a worker's time on a
+    /// block of transfers).
+    sleepers: AtomicUsize,
     /// Set when the committer is finished (success or error) or a thread panicked.
     stop: AtomicBool,
     /// The first panic message, if any thread panicked.
@@ -88,6 +93,7 @@ impl Scheduler {
             ready: Mutex::new(BinaryHeap::new()),
             ready_len: AtomicUsize::new(0),
             idle: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             panic: Mutex::new(None),
             committer,
@@ -231,10 +237,12 @@ impl Scheduler {
     }
 
     /// Marks `tx` committed (its status may have been RUNNING or DONE) and releases anything
-    /// still parked on it.
+    /// still parked on it. A transaction that was DONE released its dependants then, and
+    /// nothing parks on a DONE transaction (`deps_ready_or_park` checks under the lock).
     pub(crate) fn committed(&self, tx: TxIdx) {
-        self.status[tx as usize].store(COMMITTED, Ordering::Release);
-        self.release_waiters(tx, false);
+        if self.status[tx as usize].swap(COMMITTED, Ordering::AcqRel) != DONE {
+            self.release_waiters(tx, false);
+        }
     }
 
     fn release_waiters(&self, tx: TxIdx, keep_one: bool) -> Option<TxIdx> {
@@ -261,7 +269,9 @@ impl Scheduler {
             let mut ready = lock(&self.ready);
             ready.extend(queued.into_iter().map(Reverse));
             self.ready_len.store(ready.len(), Ordering::Release);
-            self.idle.notify_all();
+            if self.sleepers.load(Ordering::Relaxed) > 0 {
+                self.idle.notify_all();
+            }
         }
         kept
     }
@@ -279,10 +289,13 @@ impl Scheduler {
         }
         let ready = lock(&self.ready);
         if ready.is_empty() && !self.stopped() && !self.is_sequential() {
-            let _unused = self
+            self.sleepers.fetch_add(1, Ordering::Relaxed);
+            let (_ready, _timeout) = self
                 .idle
                 .wait_timeout(ready, Duration::from_micros(500))
                 .unwrap_or_else(PoisonError::into_inner);
+            // `_ready` holds the lock again here.
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

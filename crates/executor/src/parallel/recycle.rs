@@ -1,0 +1,59 @@
+//! Hands the allocations of committed speculative results back to the pool thread that made
+//! them, to be freed there.
+//!
+//! A speculative result (its state map, read set, write list) is allocated by the thread that
+//! executed it and consumed by the committer. Freed by the committer, each allocation takes the
+//! allocator's cross-thread path: an atomic push onto the owner's list, which the owner later
+//! walks when it runs out of free blocks. Profiles of transfer blocks put the allocator at
+//! about 15 % of the parallel path's CPU against 6 % of the sequential executor's. Returned in
+//! batches and freed by their owner, the blocks go back to its local free lists and are reused
+//! by its next transactions (keeping them until the block ends instead was measured slower:
+//! nothing is reused within the block then).
+
+use super::spec::SpecOutcome;
+use revm::state::EvmState;
+use std::sync::{
+    Mutex, PoisonError,
+    atomic::{AtomicBool, Ordering},
+};
+
+/// Results handed back per batch: one lock per batch rather than per transaction.
+const BATCH: usize = 32;
+
+/// What is left of a committed speculative result, held only to be dropped by a pool thread.
+#[derive(Debug)]
+pub(crate) struct Spent {
+    pub _outcome: Box<SpecOutcome>,
+    /// The state map, emptied when it was committed; its table is still allocated.
+    pub _state: Option<EvmState>,
+}
+
+/// The returned results of one block. The committer fills `bin`; a pool thread empties it.
+#[derive(Debug, Default)]
+pub(crate) struct Recycler {
+    bin: Mutex<Vec<Spent>>,
+    /// Set when `bin` has something; lets the pool thread skip the lock otherwise.
+    full: AtomicBool,
+}
+
+impl Recycler {
+    /// The committer's side: moves `batch` to the bin once it holds a batch.
+    pub(crate) fn give(&self, batch: &mut Vec<Spent>) {
+        if batch.len() < BATCH {
+            return;
+        }
+        let mut bin = self.bin.lock().unwrap_or_else(PoisonError::into_inner);
+        bin.append(batch);
+        self.full.store(true, Ordering::Release);
+    }
+
+    /// A pool thread's side, between two transactions: frees whatever was handed back.
+    pub(crate) fn free_returned(&self) {
+        if !self.full.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let returned =
+            std::mem::take(&mut *self.bin.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(returned);
+    }
+}
