@@ -24,7 +24,8 @@ const BATCH: usize = 32;
 #[derive(Debug)]
 pub(crate) struct Spent {
     pub _outcome: Box<SpecOutcome>,
-    /// The state map, emptied when it was committed; its table is still allocated.
+    /// The state map: emptied (its table still allocated) when it was committed, whole when
+    /// validation rejected it.
     pub _state: Option<EvmState>,
 }
 
@@ -55,5 +56,41 @@ impl Recycler {
         let returned =
             std::mem::take(&mut *self.bin.lock().unwrap_or_else(PoisonError::into_inner));
         drop(returned);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spent() -> Spent {
+        Spent {
+            _outcome: Box::new(SpecOutcome {
+                reads: Vec::new(),
+                exec: None,
+                written: Vec::new(),
+            }),
+            _state: Some(EvmState::default()),
+        }
+    }
+
+    #[test]
+    fn batches_reach_the_bin_and_are_freed_once() {
+        let recycler = Recycler::default();
+        let mut batch: Vec<Spent> = (0..BATCH - 1).map(|_| spent()).collect();
+        recycler.give(&mut batch);
+        // Below a batch, the committer keeps them.
+        assert_eq!(batch.len(), BATCH - 1);
+        assert!(!recycler.full.load(Ordering::Acquire));
+        batch.push(spent());
+        recycler.give(&mut batch);
+        assert!(batch.is_empty());
+        assert_eq!(recycler.bin.lock().unwrap().len(), BATCH);
+        recycler.free_returned();
+        assert!(recycler.bin.lock().unwrap().is_empty());
+        assert!(!recycler.full.load(Ordering::Acquire));
+        // Nothing handed back: nothing to do, and the flag stays clear.
+        recycler.free_returned();
+        assert!(!recycler.full.load(Ordering::Acquire));
     }
 }
