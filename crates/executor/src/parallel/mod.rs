@@ -220,7 +220,6 @@ impl ParallelExecutor {
 
         let mut stats = None;
         let recycler = recycle::Recycler::default();
-        let mut spent = Vec::new();
         let committed = pool.in_place_scope(|scope| {
             for w in 0..workers {
                 let (sched, shared, env, recycler) = (&sched, &shared, env.clone(), &recycler);
@@ -260,7 +259,7 @@ impl ParallelExecutor {
                     start_ns,
                     ..committer.stats
                 });
-                spent = std::mem::take(&mut committer.spent);
+                recycler.give_all(&mut committer.spent);
                 result
             }));
             // Whatever happened, the workers stop now.
@@ -287,7 +286,7 @@ impl ParallelExecutor {
         // Freeing the block's speculative data and caches takes a millisecond or two; the pool
         // thread does it while this one returns.
         let cache = std::mem::take(&mut state.cache);
-        pool.spawn(move || drop((mv, sched, new_code, cache, spent, recycler)));
+        pool.spawn(move || drop((mv, sched, new_code, cache, recycler)));
         Ok(BlockOutput {
             receipts: result.receipts,
             gas_used: result.gas_used,

@@ -40,9 +40,14 @@ pub(crate) struct Recycler {
 impl Recycler {
     /// The committer's side: moves `batch` to the bin once it holds a batch.
     pub(crate) fn give(&self, batch: &mut Vec<Spent>) {
-        if batch.len() < BATCH {
-            return;
+        if batch.len() >= BATCH {
+            self.give_all(batch);
         }
+    }
+
+    /// Moves all of `batch` to the bin (the rest of a block: the bin is freed with the block's
+    /// other data).
+    pub(crate) fn give_all(&self, batch: &mut Vec<Spent>) {
         let mut bin = self.bin.lock().unwrap_or_else(PoisonError::into_inner);
         bin.append(batch);
         self.full.store(true, Ordering::Release);
@@ -50,7 +55,9 @@ impl Recycler {
 
     /// A pool thread's side, between two transactions: frees whatever was handed back.
     pub(crate) fn free_returned(&self) {
-        if !self.full.swap(false, Ordering::AcqRel) {
+        // A plain load first: called once per transaction, and a swap would take the flag's
+        // cache line from the committer every time.
+        if !self.full.load(Ordering::Acquire) || !self.full.swap(false, Ordering::AcqRel) {
             return;
         }
         let returned =
@@ -92,5 +99,11 @@ mod tests {
         // Nothing handed back: nothing to do, and the flag stays clear.
         recycler.free_returned();
         assert!(!recycler.full.load(Ordering::Acquire));
+        // The end of a block hands over whatever is left, however little.
+        let mut rest = vec![spent()];
+        recycler.give_all(&mut rest);
+        assert!(rest.is_empty());
+        assert_eq!(recycler.bin.lock().unwrap().len(), 1);
+        assert!(recycler.full.load(Ordering::Acquire));
     }
 }

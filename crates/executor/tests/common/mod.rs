@@ -875,9 +875,8 @@ pub fn assert_equal(
 }
 
 /// A parallel executor that runs every block of two or more transactions in parallel, whatever
-/// its gas. With 3
-/// threads it also speculates blocks that are one long chain (which the default hands to the
-/// committer alone), so that path stays tested.
+/// its gas. With 3 threads it also speculates blocks that are one long chain (which the default
+/// hands to the committer alone), so that path stays tested.
 pub fn parallel(threads: usize) -> ParallelExecutor {
     ParallelExecutor::new(ParallelConfig {
         threads,
