@@ -87,10 +87,29 @@ fn main() {
         "parallel output differs from sequential"
     );
     println!("{kind} accounts {accounts} txs {txs} threads {threads} (equal: true)");
+    // The end-of-block phase (post-execution changes, bundle merge) of every parallel run.
+    let finishes = std::cell::RefCell::new(Vec::new());
+    let par = || {
+        let out = parallel.execute(spec, block, state).expect("par");
+        finishes
+            .borrow_mut()
+            .extend(parallel.last_stats().map(|s| s.finish_ns));
+        out
+    };
+    let print_finish = || {
+        let mut f = finishes.borrow().clone();
+        f.sort_unstable();
+        if let (Some(min), Some(median)) = (f.first(), f.get(f.len() / 2)) {
+            println!(
+                "finish phase: median {:.2} ms, min {:.2} ms",
+                *median as f64 / 1e6,
+                *min as f64 / 1e6
+            );
+        }
+    };
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "par") {
-        run("parallel", &|| {
-            parallel.execute(spec, block, state).expect("par")
-        });
+        run("parallel", &par);
+        print_finish();
         return;
     }
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "seq") {
@@ -102,9 +121,8 @@ fn main() {
     let (sw, sc) = run("sequential", &|| {
         SequentialExecutor.execute(spec, block, state).expect("seq")
     });
-    let (pw, pc) = run("parallel", &|| {
-        parallel.execute(spec, block, state).expect("par")
-    });
+    let (pw, pc) = run("parallel", &par);
+    print_finish();
     println!(
         "speedup {:.2}x  cpu_ratio {:.2}  stats {:?}",
         sw.as_secs_f64() / pw.as_secs_f64(),

@@ -3,10 +3,13 @@
 //!
 //! `State::merge_transitions` on a block's fresh `State` (empty bundle) takes, for every
 //! changed account independently, the transition's present bundle account and its revert. The
-//! accounts are independent, so the work is split by address: addresses below `0x80..` on one
-//! thread, the rest on the other. Each half is exactly what revm computes for those accounts;
-//! the reverts come out sorted by address, the canonical order both executors use (see
-//! [`crate::canonical_reverts`]).
+//! two are independent of each other too, so the work is split by kind rather than by address:
+//! this thread builds the present accounts (and the new contracts) straight into the bundle's
+//! map, the pool thread builds the reverts, in address order — the canonical order both
+//! executors use (see [`crate::canonical_reverts`]) — by walking the transitions sorted by
+//! address. Both only read the transitions, so nothing is moved to split them and no second
+//! map is merged into the first afterwards (measured on a 6,000-transfer block: moving the
+//! transitions into two halves and joining the halves' maps took as long as the merge itself).
 
 use alloy_primitives::{Address, B256, map::AddressMap};
 use revm::{
@@ -20,47 +23,75 @@ use revm::{
 /// Transitions below this count are merged on the calling thread alone.
 const PARALLEL_MERGE_MIN: usize = 1024;
 
-/// What one half of the merge produces.
+/// The present half of the merge: the bundle's accounts and contracts.
 #[derive(Default)]
-struct Part {
+struct Presents {
     accounts: AddressMap<BundleAccount>,
-    reverts: Vec<(Address, AccountRevert)>,
     contracts: Vec<(B256, Bytecode)>,
     state_size: usize,
-    reverts_size: usize,
 }
 
-/// The vacant-entry branch of `BundleState::apply_transitions_and_create_reverts`, for a bundle
-/// that starts empty.
-fn merge_part(transitions: Vec<(Address, TransitionAccount)>, capacity: usize) -> Part {
-    let mut part = Part {
-        accounts: AddressMap::with_capacity_and_hasher(capacity, Default::default()),
-        reverts: Vec::with_capacity(transitions.len()),
-        ..Part::default()
+/// The revert half of the merge.
+#[derive(Default)]
+struct Reverts {
+    /// In address order.
+    reverts: Vec<(Address, AccountRevert)>,
+    reverts_size: usize,
+    /// Accounts whose transition creates no revert: revm leaves them out of the bundle.
+    unchanged: Vec<Address>,
+}
+
+/// The present account of every transition, as the vacant-entry branch of
+/// `BundleState::apply_transitions_and_create_reverts` builds it (kept there only when the
+/// transition has a revert; [`into_bundle`] removes the others).
+fn presents(transitions: &AddressMap<TransitionAccount>) -> Presents {
+    let mut part = Presents {
+        accounts: AddressMap::with_capacity_and_hasher(transitions.len(), Default::default()),
+        contracts: Vec::new(),
+        state_size: 0,
     };
     for (address, transition) in transitions {
         if let Some((hash, code)) = transition.has_new_contract() {
             part.contracts.push((hash, code.clone()));
         }
         let present = transition.present_bundle_account();
-        if let Some(revert) = transition.create_revert() {
-            part.state_size += present.size_hint();
-            part.accounts.insert(address, present);
-            part.reverts_size += revert.size_hint();
-            part.reverts.push((address, revert));
+        part.state_size += present.size_hint();
+        part.accounts.insert(*address, present);
+    }
+    part
+}
+
+/// The revert of every transition, in address order. `create_revert` consumes its
+/// transition, and the other thread reads the transitions meanwhile: each is cloned first.
+fn reverts(transitions: &AddressMap<TransitionAccount>) -> Reverts {
+    let mut sorted: Vec<(Address, &TransitionAccount)> =
+        transitions.iter().map(|(a, t)| (*a, t)).collect();
+    // Sorting the 28-byte references, not the reverts, keeps the sort cheap.
+    sorted.sort_unstable_by_key(|(address, _)| *address);
+    let mut part = Reverts {
+        reverts: Vec::with_capacity(sorted.len()),
+        ..Reverts::default()
+    };
+    for (address, transition) in sorted {
+        match transition.clone().create_revert() {
+            Some(revert) => {
+                part.reverts_size += revert.size_hint();
+                part.reverts.push((address, revert));
+            }
+            None => part.unchanged.push(address),
         }
     }
-    part.reverts.sort_unstable_by_key(|(address, _)| *address);
     part
 }
 
 /// Merges `state`'s transitions into its bundle with reverts (`BundleRetention::Reverts`) and
 /// takes the bundle, using `pool` for half of the work. The result equals
-/// `merge_transitions(Reverts)` + `take_bundle()` with the reverts in canonical order.
+/// `merge_transitions(Reverts)` + `take_bundle()` with the reverts in canonical order. The
+/// second value is the consumed transitions, for the caller to drop off the critical path.
 pub(crate) fn merge_and_take<DB: revm::Database>(
     pool: &rayon::ThreadPool,
     state: &mut State<DB>,
-) -> BundleState {
+) -> (BundleState, TransitionState) {
     let transitions = state
         .transition_state
         .as_mut()
@@ -79,52 +110,154 @@ pub(crate) fn merge_and_take<DB: revm::Database>(
         state.merge_transitions(BundleRetention::Reverts);
         let mut bundle = state.take_bundle();
         crate::canonical_reverts(&mut bundle);
-        return bundle;
+        return (bundle, TransitionState::default());
     }
-    let n = transitions.transitions.len();
-    if n < PARALLEL_MERGE_MIN {
+    let map = &transitions.transitions;
+    let bundle = if map.len() < PARALLEL_MERGE_MIN {
         // Waking the pool thread costs more than half of a small merge.
-        let part = merge_part(transitions.transitions.into_iter().collect(), n);
-        return into_bundle(part, Part::default());
-    }
-    let (mut low, mut high) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for (address, transition) in transitions.transitions {
-        if address.0[0] < 0x80 {
-            low.push((address, transition));
-        } else {
-            high.push((address, transition));
-        }
-    }
-    // One half on the pool thread, the other here (`ThreadPool::join` would run both on the
-    // pool while this thread waits).
-    // The low half's map is sized for both halves, so adding the high half does not rehash
-    // it (measured: a 6,000-transfer block's merge 4.8 → 3.3 ms).
-    let mut high_part = None;
-    let low = pool.in_place_scope(|scope| {
-        scope.spawn(|_| {
-            let len = high.len();
-            high_part = Some(merge_part(high, len));
+        into_bundle(presents(map), reverts(map))
+    } else {
+        // The reverts on the pool thread, the presents here (`ThreadPool::join` would run both
+        // on the pool while this thread waits).
+        let mut reverts_part = None;
+        let presents_part = pool.in_place_scope(|scope| {
+            scope.spawn(|_| reverts_part = Some(reverts(map)));
+            presents(map)
         });
-        merge_part(low, n)
-    });
-    into_bundle(low, high_part.unwrap_or_default())
+        // The scope returns only after its spawned job ran.
+        into_bundle(presents_part, reverts_part.unwrap_or_else(|| reverts(map)))
+    };
+    (bundle, transitions)
 }
 
-/// The bundle of two parts whose addresses are disjoint, the first's all below the second's.
-fn into_bundle(low: Part, high: Part) -> BundleState {
-    let mut big = low.accounts;
-    big.extend(high.accounts);
-    let mut reverts = low.reverts;
-    reverts.extend(high.reverts);
+/// The bundle of the two halves of one set of transitions.
+fn into_bundle(presents: Presents, reverts: Reverts) -> BundleState {
+    let (mut accounts, mut state_size) = (presents.accounts, presents.state_size);
+    for address in &reverts.unchanged {
+        if let Some(account) = accounts.remove(address) {
+            state_size -= account.size_hint();
+        }
+    }
     let mut bundle = BundleState {
-        state: big,
-        state_size: low.state_size + high.state_size,
-        reverts_size: low.reverts_size + high.reverts_size,
+        state: accounts,
+        state_size,
+        reverts_size: reverts.reverts_size,
         ..BundleState::default()
     };
+    bundle.contracts.extend(presents.contracts);
+    bundle.reverts.push(reverts.reverts);
     bundle
-        .contracts
-        .extend(low.contracts.into_iter().chain(high.contracts));
-    bundle.reverts.push(reverts);
-    bundle
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{U256, keccak256};
+    use revm::{
+        Database, DatabaseCommit,
+        database::InMemoryDB,
+        state::{Account, AccountInfo, EvmState, EvmStorageSlot, TransactionId},
+    };
+
+    fn address(i: usize) -> Address {
+        // Spread over the whole first byte, as real addresses are.
+        keccak256(i.to_be_bytes()).0[..20]
+            .try_into()
+            .map(Address::new)
+            .unwrap()
+    }
+
+    /// A block's `State` after two transactions' commits over `n` accounts: half of them exist
+    /// beforehand, some get storage (one many slots), some are touched without a change, some
+    /// are created with code, one is self-destructed.
+    fn state_after_block(n: usize) -> State<InMemoryDB> {
+        let mut db = InMemoryDB::default();
+        for i in (0..n).step_by(2) {
+            db.insert_account_info(
+                address(i),
+                AccountInfo {
+                    balance: U256::from(1_000 + i),
+                    nonce: 1,
+                    ..AccountInfo::default()
+                },
+            );
+        }
+        let mut state = State::builder()
+            .with_database(db)
+            .with_bundle_update()
+            .build();
+        for round in 0..2u64 {
+            let mut changes = EvmState::default();
+            for i in 0..n {
+                let info = state.basic(address(i)).unwrap().unwrap_or_default();
+                let mut account = Account::from(info);
+                account.mark_touch();
+                match i % 11 {
+                    // Touched, unchanged.
+                    0 => {}
+                    3 if round == 0 => {
+                        let code = revm::bytecode::Bytecode::new_raw(vec![0x60, i as u8].into());
+                        account.info.code_hash = code.hash_slow();
+                        account.info.code = Some(code);
+                        account.info.nonce = 1;
+                        account.mark_created();
+                    }
+                    5 if round == 1 && i % 2 == 0 => account.mark_selfdestruct(),
+                    _ => account.info.balance += U256::from(round + 1),
+                }
+                let slots = if i == 7 {
+                    BIG_SLOTS
+                } else {
+                    usize::from(i % 4 == 1) * 3
+                };
+                for s in 0..slots {
+                    let original = U256::from(s * usize::from(round == 1));
+                    account.storage.insert(
+                        U256::from(s),
+                        EvmStorageSlot::new_changed(
+                            original,
+                            U256::from(s + 1),
+                            TransactionId::ZERO,
+                        ),
+                    );
+                }
+                changes.insert(address(i), account);
+            }
+            state.commit(changes);
+        }
+        state
+    }
+
+    const BIG_SLOTS: usize = 300;
+
+    /// `merge_and_take` equals revm's own merge (reverts in canonical order), on the serial
+    /// and on the two-thread path.
+    #[test]
+    fn equals_revm_merge() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for n in [40, PARALLEL_MERGE_MIN * 3] {
+            let mut reference = state_after_block(n);
+            let mut ours = state_after_block(n);
+            reference.merge_transitions(BundleRetention::Reverts);
+            let mut expected = reference.take_bundle();
+            crate::canonical_reverts(&mut expected);
+            let (bundle, transitions) = merge_and_take(&pool, &mut ours);
+            assert!(transitions.transitions.len() > n / 2, "n = {n}");
+            assert_eq!(bundle, expected, "n = {n}");
+            // `BundleState`'s equality ignores the reverts' order; the canonical order is part
+            // of the contract.
+            let order = |b: &BundleState| -> Vec<Address> {
+                b.reverts.iter().flatten().map(|(a, _)| *a).collect()
+            };
+            assert_eq!(order(&bundle), order(&expected), "n = {n}");
+            assert!(!bundle.contracts.is_empty());
+            assert!(
+                bundle.state.len() < n,
+                "some touched accounts are unchanged"
+            );
+        }
+    }
 }

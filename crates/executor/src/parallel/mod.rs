@@ -12,7 +12,7 @@
 //! hints while the committer runs the system calls and executes the first transactions exactly
 //! (nothing is speculated before the hints are published); a block whose hints show one chain
 //! over most of it is left to the committer alone; the end-of-block merge of the state
-//! transitions into the bundle is split by address across two threads (`merge.rs`), and the
+//! transitions into the bundle is split across two threads (`merge.rs`), and the
 //! block's speculative data is freed on a pool thread — committed results during the block, in
 //! batches, by the pool thread that allocated them (`recycle.rs`).
 
@@ -275,7 +275,7 @@ impl ParallelExecutor {
         committed?;
         let finishing = std::time::Instant::now();
         let result = executor.apply_post_execution_changes()?;
-        let bundle = merge::merge_and_take(pool, &mut state);
+        let (bundle, transitions) = merge::merge_and_take(pool, &mut state);
         *self
             .last_stats
             .lock()
@@ -286,7 +286,7 @@ impl ParallelExecutor {
         // Freeing the block's speculative data and caches takes a millisecond or two; the pool
         // thread does it while this one returns.
         let cache = std::mem::take(&mut state.cache);
-        pool.spawn(move || drop((mv, sched, new_code, cache, recycler)));
+        pool.spawn(move || drop((mv, sched, new_code, cache, transitions, recycler)));
         Ok(BlockOutput {
             receipts: result.receipts,
             gas_used: result.gas_used,
