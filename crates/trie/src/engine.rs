@@ -11,10 +11,11 @@
 use crate::{
     error::TrieError,
     node::{Node, StoredNode, Value, rlp_node_counted, root_hash_of},
-    store::{ChildNodes, NodeStore, NodeUpdates, TrieId, prefetch},
+    store::{ChildNodes, NodeStore, NodeUpdates, TrieId},
 };
 use alloy_primitives::B256;
 use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieMask, nodes::RlpNode};
+use overdrive_primitives::prefetch;
 use rayon::prelude::*;
 use std::borrow::Cow;
 

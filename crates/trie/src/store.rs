@@ -7,6 +7,7 @@ use alloy_primitives::{
     map::{B256Map, HashMap},
 };
 use alloy_trie::{Nibbles, TrieMask, nodes::RlpNode};
+use overdrive_primitives::prefetch;
 use rayon::prelude::*;
 use std::{borrow::Cow, collections::BTreeMap, convert::Infallible, sync::Arc};
 
@@ -155,21 +156,6 @@ impl<'a> ChildNodes<'a> {
         self.index(nibble)
             .is_some_and(|i| i < self.refs.len() && i < self.nodes.len())
     }
-}
-
-/// Asks for the memory at `ptr` ahead of use, so that the misses of sibling nodes overlap
-/// instead of each waiting until the walk reaches its node.
-#[inline(always)]
-pub(crate) fn prefetch(ptr: *const u8, lines: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in 0..lines {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a hint that never
-        // faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.wrapping_add(line * 64).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ptr, lines);
 }
 
 /// Writes per chunk of a [`NodeUpdates`] (about 50 KB).
