@@ -5,7 +5,10 @@
 
 use super::mv::TxIdx;
 use alloy_consensus::{Transaction, TxEnvelope, transaction::Recovered};
-use alloy_primitives::{Address, Bytes, TxKind, U256, map::DefaultHashBuilder};
+use alloy_primitives::{
+    Address, Bytes, TxKind, U256,
+    map::{DefaultHashBuilder, HashMap},
+};
 use std::hash::BuildHasher;
 
 /// A conflict key. ERC20 slots are keyed by (token, owner[, spender]) rather than by the
@@ -27,6 +30,16 @@ enum HintKey {
     Pair(Address, Address),
     /// Storage of a contract called with calldata we cannot decode.
     Contract(Address),
+}
+
+impl HintKey {
+    /// The contract whose storage holds the key's slot, when the key is one slot.
+    fn slot_of(&self) -> Option<Address> {
+        match self {
+            Self::Balance { token, .. } | Self::Allowance { token, .. } => Some(*token),
+            Self::Account(_) | Self::Pair(..) | Self::Contract(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +73,13 @@ pub(crate) struct BlockHints {
     /// Length of the longest chain of hinted dependencies (transactions that must run one
     /// after the other).
     pub longest_chain: usize,
+    /// Contracts whose storage the block is hinted to change in at least [`MANY_SLOTS`]
+    /// distinct slots, with that count: the committer sizes their storage maps up front.
+    pub many_slots: Vec<(Address, usize)>,
 }
+
+/// See [`BlockHints::many_slots`].
+pub(crate) const MANY_SLOTS: usize = 256;
 
 fn word(input: &Bytes, index: usize) -> Option<&[u8]> {
     input.get(4 + 32 * index..4 + 32 * (index + 1))
@@ -315,13 +334,19 @@ pub(crate) fn build(
     // Every transaction's keys, replaced by a seeded 64-bit hash of them (never 0, which marks
     // a free slot): the table stays small enough for the cache, and a collision only adds a
     // needless dependency (hints steer, they never decide).
-    let mut hashed: Vec<(u64, Mode)> = Vec::with_capacity(txs.len() * 3);
+    // The third field indexes `contracts` for a storage slot's key (`NOT_A_SLOT` otherwise),
+    // to count each contract's distinct slots.
+    const NOT_A_SLOT: u32 = u32::MAX;
+    let mut hashed: Vec<(u64, Mode, u32)> = Vec::with_capacity(txs.len() * 3);
+    let mut contracts: Vec<(Address, usize)> = Vec::new();
+    let mut contract_index: HashMap<Address, u32> = HashMap::default();
     let mut ends = Vec::with_capacity(txs.len());
     let mut hints = BlockHints {
         deps: Vec::with_capacity(txs.len()),
         lazy_recipient: Vec::with_capacity(txs.len()),
         publish: Vec::with_capacity(txs.len()),
         longest_chain: 0,
+        many_slots: Vec::new(),
     };
     let mut keys = Vec::new();
     for (tx, &hot) in txs.iter().zip(&hot) {
@@ -333,10 +358,15 @@ pub(crate) fn build(
             keys.iter()
                 .any(|(key, mode)| *mode == Mode::Additive || matches!(key, HintKey::Contract(_))),
         );
-        hashed.extend(
-            keys.iter()
-                .map(|(key, mode)| (seed.hash_one(key).max(1), *mode)),
-        );
+        hashed.extend(keys.iter().map(|(key, mode)| {
+            let contract = key.slot_of().map_or(NOT_A_SLOT, |contract| {
+                *contract_index.entry(contract).or_insert_with(|| {
+                    contracts.push((contract, 0));
+                    contracts.len() as u32 - 1
+                })
+            });
+            (seed.hash_one(key).max(1), *mode, contract)
+        }));
         ends.push(hashed.len());
     }
     // (hash, last strict access, last access of any mode) per key, `NONE` for none.
@@ -349,11 +379,16 @@ pub(crate) fn build(
         let j = j as TxIdx;
         let mut deps: Vec<TxIdx> = Vec::new();
         for k in start..end {
-            if let Some(&(ahead, _)) = hashed.get(k + AHEAD) {
+            if let Some(&(ahead, ..)) = hashed.get(k + AHEAD) {
                 last.prefetch(ahead);
             }
-            let (hash, mode) = hashed[k];
+            let (hash, mode, contract) = hashed[k];
             let entry = last.slot(hash, |s| s.0 == 0 || s.0 == hash);
+            if entry.0 == 0
+                && let Some((_, slots)) = contracts.get_mut(contract as usize)
+            {
+                *slots += 1;
+            }
             entry.0 = hash;
             match mode {
                 Mode::Strict => {
@@ -379,13 +414,17 @@ pub(crate) fn build(
         }
         hints.deps.push(deps);
     }
+    hints.many_slots = contracts
+        .into_iter()
+        .filter(|(_, slots)| *slots >= MANY_SLOTS)
+        .collect();
     hints
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloy_primitives::map::HashMap;
+
     use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
 
     /// The hints by their definition: exact keys in a `HashMap`, nothing prefetched.
@@ -402,6 +441,7 @@ mod tests {
             }
         }
         let mut last: HashMap<HintKey, (Option<TxIdx>, Option<TxIdx>)> = HashMap::default();
+        let mut slots: HashMap<Address, usize> = HashMap::default();
         let mut hints = BlockHints::default();
         let mut depth = Vec::new();
         for (j, tx) in txs.iter().enumerate() {
@@ -417,6 +457,11 @@ mod tests {
             );
             let mut deps = Vec::new();
             for (key, mode) in keys {
+                if !last.contains_key(&key)
+                    && let Some(contract) = key.slot_of()
+                {
+                    *slots.entry(contract).or_default() += 1;
+                }
                 let (strict, any) = last.entry(key).or_default();
                 match mode {
                     Mode::Strict => {
@@ -440,6 +485,11 @@ mod tests {
             }
             hints.deps.push(deps);
         }
+        hints.many_slots = slots
+            .into_iter()
+            .filter(|(_, n)| *n >= MANY_SLOTS)
+            .collect();
+        hints.many_slots.sort_unstable();
         hints
     }
 
@@ -468,6 +518,12 @@ mod tests {
                     assert_eq!(ours.lazy_recipient, expected.lazy_recipient, "{what}");
                     assert_eq!(ours.publish, expected.publish, "{what}");
                     assert_eq!(ours.longest_chain, expected.longest_chain, "{what}");
+                    let mut many_slots = ours.many_slots.clone();
+                    many_slots.sort_unstable();
+                    assert_eq!(many_slots, expected.many_slots, "{what}");
+                    if kind == WorkloadKind::Erc20 {
+                        assert_eq!(many_slots.len(), 1, "{what}: the token");
+                    }
                     if kind == WorkloadKind::Hybrid && lazy {
                         assert!(ours.lazy_recipient.iter().any(Option::is_some), "{what}");
                     }

@@ -253,6 +253,7 @@ impl ParallelExecutor {
                     fees: Default::default(),
                     recycler: &recycler,
                     spent: Vec::new(),
+                    presize: None,
                 };
                 let result = committer.run();
                 stats = Some(CommitStats {
