@@ -137,7 +137,7 @@ fn presents(transitions: &AddressMap<TransitionAccount>, claimed: Option<&Atomic
 
 /// The revert of every transition, in address order; with `claimed`, a placeholder for each
 /// big one, whose reverts it then tries to claim. `create_revert` consumes its transition, and
-/// the other thread reads the transitions meanwhile: each is cloned first.
+/// the other thread reads the transitions meanwhile: each is copied first (see [`revert_of`]).
 fn reverts(transitions: &AddressMap<TransitionAccount>, claimed: Option<&AtomicBool>) -> Reverts {
     let mut sorted: Vec<(Address, &TransitionAccount)> =
         transitions.iter().map(|(a, t)| (*a, t)).collect();
@@ -177,8 +177,9 @@ fn reverts(transitions: &AddressMap<TransitionAccount>, claimed: Option<&AtomicB
 
 /// Merges `state`'s transitions into its bundle with reverts (`BundleRetention::Reverts`) and
 /// takes the bundle, using `pool` for half of the work. The result equals
-/// `merge_transitions(Reverts)` + `take_bundle()` with the reverts in canonical order. The
-/// second value is the consumed transitions, for the caller to drop off the critical path.
+/// `merge_transitions(Reverts)` + `take_bundle()` with the reverts in canonical order and
+/// without the cached code in their account infos (see [`revert_of`]). The second value is the
+/// consumed transitions, for the caller to drop off the critical path.
 pub(crate) fn merge_and_take<DB: revm::Database>(
     pool: &rayon::ThreadPool,
     state: &mut State<DB>,
