@@ -78,6 +78,25 @@ pub(crate) struct BlockHints {
     pub many_slots: Vec<(Address, usize)>,
 }
 
+impl BlockHints {
+    /// Records the next transaction's (`j`'s) dependencies — the earlier transactions it found
+    /// on its keys, in any order and with repeats — with its chain depth in `depth` (one entry
+    /// per transaction recorded so far), and marks each transaction it waits for as publishing.
+    fn push_deps(&mut self, j: TxIdx, mut deps: Vec<TxIdx>, depth: &mut Vec<u32>) {
+        // A transaction touching one key twice (a transfer to itself) must not wait for itself.
+        deps.retain(|&p| p != j);
+        deps.sort_unstable();
+        deps.dedup();
+        let d = 1 + deps.iter().map(|&p| depth[p as usize]).max().unwrap_or(0);
+        depth.push(d);
+        self.longest_chain = self.longest_chain.max(d as usize);
+        for &p in &deps {
+            self.publish[p as usize] = true;
+        }
+        self.deps.push(deps);
+    }
+}
+
 /// See [`BlockHints::many_slots`].
 pub(crate) const MANY_SLOTS: usize = 256;
 
@@ -402,17 +421,7 @@ pub(crate) fn build(
             }
         }
         start = end;
-        // A transaction touching one key twice (a transfer to itself) must not wait for itself.
-        deps.retain(|&p| p != j);
-        deps.sort_unstable();
-        deps.dedup();
-        let d = 1 + deps.iter().map(|&p| depth[p as usize]).max().unwrap_or(0);
-        depth.push(d);
-        hints.longest_chain = hints.longest_chain.max(d as usize);
-        for &p in &deps {
-            hints.publish[p as usize] = true;
-        }
-        hints.deps.push(deps);
+        hints.push_deps(j, deps, &mut depth);
     }
     hints.many_slots = contracts
         .into_iter()
@@ -474,16 +483,7 @@ mod tests {
                     }
                 }
             }
-            deps.retain(|&p| p != j);
-            deps.sort_unstable();
-            deps.dedup();
-            let d = 1 + deps.iter().map(|&p| depth[p as usize]).max().unwrap_or(0);
-            depth.push(d);
-            hints.longest_chain = hints.longest_chain.max(d);
-            for &p in &deps {
-                hints.publish[p as usize] = true;
-            }
-            hints.deps.push(deps);
+            hints.push_deps(j, deps, &mut depth);
         }
         hints.many_slots = slots
             .into_iter()
