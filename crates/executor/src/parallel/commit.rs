@@ -32,15 +32,29 @@ use alloy_evm::{
     eth::{EthBlockExecutor, EthEvm, receipt_builder::AlloyReceiptBuilder},
     precompiles::PrecompilesMap,
 };
-use alloy_primitives::{Address, U256, map::hash_map};
+use alloy_primitives::{Address, Log, U256, map::hash_map};
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
 use revm::{
     Database, DatabaseCommit,
+    context::result::{ExecutionResult, HaltReason},
     database::{State, WrapDatabaseRef, states::CacheAccount},
     inspector::NoOpInspector,
     primitives::KECCAK_EMPTY,
     state::{Account, AccountInfo, EvmState},
 };
+
+/// The logs of `result`, as `ExecutionResult::into_logs` gives them, leaving the rest.
+///
+/// `into_logs` drops the rest (the output bytes) here, on the committer, which did not allocate
+/// them: a pool thread executed the transaction. Left in the result, they go back to that thread
+/// with the rest of the speculative result (`recycle.rs`).
+fn take_logs(result: &mut ExecutionResult<HaltReason>) -> Vec<Log> {
+    match result {
+        ExecutionResult::Success { logs, .. }
+        | ExecutionResult::Revert { logs, .. }
+        | ExecutionResult::Halt { logs, .. } => std::mem::take(logs),
+    }
+}
 
 /// The reference executor the committer drives.
 pub(crate) type CommitExecutor<'s, 'a, DB> = EthBlockExecutor<
@@ -297,7 +311,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         }
         self.stats.validated += 1;
         let SpecExec {
-            result,
+            mut result,
             mut state,
             bloom,
         } = exec;
@@ -316,7 +330,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             receipt: Receipt {
                 status: Eip658Value::Eip658(result.is_success()),
                 cumulative_gas_used: executor.cumulative_tx_gas_used,
-                logs: result.into_logs(),
+                logs: take_logs(&mut result),
             },
             logs_bloom: bloom,
         };
@@ -324,7 +338,13 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         // `commit_iter` applies each account exactly as `commit` does (same cache update, same
         // transition); draining keeps the map's table for its owner to free.
         executor.evm.db_mut().commit_iter(&mut state.drain());
-        self.recycle(outcome, Some(state));
+        // The rest of the result (its output bytes) goes back with the state's table.
+        outcome.exec = Some(SpecExec {
+            result,
+            state,
+            bloom,
+        });
+        self.recycle(outcome, None);
         Ok(())
     }
 
