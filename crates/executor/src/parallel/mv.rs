@@ -11,7 +11,7 @@ use alloy_primitives::{Address, U256, map::HashMap};
 use revm::state::AccountInfo;
 use std::sync::{
     Mutex, PoisonError,
-    atomic::{AtomicBool, Ordering},
+    atomic::{AtomicBool, AtomicU64, Ordering},
 };
 
 /// Index of a transaction in its block.
@@ -83,11 +83,6 @@ type Versions = Vec<(TxIdx, Entry)>;
 #[repr(align(128))]
 struct Shard {
     map: Mutex<HashMap<Location, Versions>>,
-    /// Set (under the lock) once anything was written to `map`. Readers skip the lock of a
-    /// shard nothing was written to: most transactions publish nothing, so most shards stay
-    /// empty. A reader that misses a concurrent first write reads as if it came just before
-    /// it, which any speculative read may; the committer checks every read anyway.
-    used: AtomicBool,
 }
 
 /// The memory. Each shard's mutex guards the version lists of the locations that hash to it;
@@ -95,20 +90,40 @@ struct Shard {
 #[derive(Debug)]
 pub(crate) struct MvMemory {
     shards: Box<[Shard]>,
+    /// A one-hash Bloom filter of the written locations: a bit is set before its location's
+    /// first write. Most reads are of locations nothing writes (most transactions publish
+    /// nothing), and the filter answers them without a shard's lock and map lookup, which
+    /// cost both threads a contended lock and a hash of the whole key per read. A reader that
+    /// misses a concurrent first write reads as if it came just before it, which any
+    /// speculative read may; the committer checks every read anyway.
+    written: Box<[AtomicU64]>,
     /// Set once any transaction wrote a `Wipe`: until then storage reads skip the wipe lookup.
     any_wipe: AtomicBool,
 }
 
-fn shard_of(location: &Location) -> usize {
-    // Addresses and (hashed) slots are close to uniformly distributed; a few bytes of each
-    // spread the shards well without hashing the whole key twice.
+/// A cheap hash of `location`. Addresses and (hashed) slots are close to uniformly
+/// distributed; a few bytes of each spread the keys well without hashing the whole key.
+fn mix(location: &Location) -> u64 {
     let (address, extra) = match location {
         Location::Account(a) => (a, 0u64),
         Location::Storage(a, slot) => (a, slot.as_limbs()[0]),
         Location::Wipe(a) => (a, 1u64),
     };
     let a = u64::from_le_bytes(address.0[12..20].try_into().unwrap_or_default());
-    ((a ^ extra ^ (extra >> 29)) as usize) % SHARDS
+    a ^ extra ^ (extra >> 29)
+}
+
+fn shard_of(location: &Location) -> usize {
+    (mix(location) as usize) % SHARDS
+}
+
+/// The word and bit of `location` in a filter of `words` words (a power of two). The
+/// multiplication spreads all of `mix`'s bits into the high ones, which pick the bit, so the
+/// filter's bit is independent of the shard (`mix`'s low bits).
+fn filter_bit(location: &Location, words: usize) -> (usize, u64) {
+    let h = mix(location).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let bit = (h >> 32) as usize & (words * 64 - 1);
+    (bit / 64, 1u64 << (bit % 64))
 }
 
 impl MvMemory {
@@ -121,6 +136,9 @@ impl MvMemory {
     /// while the block runs.
     pub(crate) fn with_capacity(locations: usize) -> Self {
         let per_shard = locations / SHARDS;
+        // Four bits per location the block could write: a few percent of them set on a block
+        // whose transactions mostly publish nothing, a fifth when every one publishes.
+        let words = (locations * 4 / 64).next_power_of_two().max(64);
         Self {
             shards: (0..SHARDS)
                 .map(|_| Shard {
@@ -128,9 +146,9 @@ impl MvMemory {
                         per_shard,
                         Default::default(),
                     )),
-                    used: AtomicBool::new(false),
                 })
                 .collect(),
+            written: (0..words).map(|_| AtomicU64::new(0)).collect(),
             any_wipe: AtomicBool::new(false),
         }
     }
@@ -144,16 +162,13 @@ impl MvMemory {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The shard of `location` locked, or `None` when nothing was ever written to it.
+    /// The shard of `location` locked, or `None` when `location` was certainly never written.
     fn used_shard(
         &self,
         location: &Location,
     ) -> Option<std::sync::MutexGuard<'_, HashMap<Location, Versions>>> {
-        let shard = &self.shards[shard_of(location)];
-        shard
-            .used
-            .load(Ordering::Acquire)
-            .then(|| shard.map.lock().unwrap_or_else(PoisonError::into_inner))
+        let (word, bit) = filter_bit(location, self.written.len());
+        (self.written[word].load(Ordering::Acquire) & bit != 0).then(|| self.shard(location))
     }
 
     /// Resolves `Account(address)` as seen by transaction `reader`.
@@ -246,9 +261,14 @@ impl MvMemory {
                 incarnation,
                 value: value.clone(),
             };
-            let shard_index = shard_of(location);
+            let (word, bit) = filter_bit(location, self.written.len());
+            // A plain load first: a location written again (a re-execution, a hot account) is
+            // in the filter already, and the read-modify-write would take the word's line from
+            // the other core.
+            if self.written[word].load(Ordering::Relaxed) & bit == 0 {
+                self.written[word].fetch_or(bit, Ordering::Release);
+            }
             let mut shard = self.shard(location);
-            self.shards[shard_index].used.store(true, Ordering::Release);
             let versions = shard.entry(*location).or_default();
             match versions.binary_search_by_key(&writer, |(tx, _)| *tx) {
                 // A newer incarnation's data is never replaced by an older one's.
@@ -328,6 +348,47 @@ mod tests {
             matches!(mv.read_account(a, 9), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
         );
         assert_eq!(mv.incarnation(&loc, 2), Some(0));
+    }
+
+    #[test]
+    fn filter_skips_unwritten_locations_and_tolerates_collisions() {
+        let mv = MvMemory::new();
+        let words = mv.written.len();
+        let written = Address::repeat_byte(7);
+        mv.write(
+            1,
+            0,
+            &[(Location::Account(written), MvValue::Account(info(5)))],
+            &[],
+        );
+        // An address whose filter bit is the written one's (a false positive) and one whose
+        // bit is not set.
+        let bit = filter_bit(&Location::Account(written), words);
+        let address = |i: u64| {
+            let mut a = Address::ZERO;
+            a.0[12..20].copy_from_slice(&i.to_le_bytes());
+            a
+        };
+        let colliding = (0u64..)
+            .map(address)
+            .find(|a| *a != written && filter_bit(&Location::Account(*a), words) == bit)
+            .unwrap();
+        let clear = (0u64..)
+            .map(address)
+            .find(|a| filter_bit(&Location::Account(*a), words) != bit)
+            .unwrap();
+        for a in [colliding, clear] {
+            assert!(
+                matches!(mv.read_account(a, 9), AccountRead::Base { delta } if delta.is_zero())
+            );
+        }
+        assert!(
+            matches!(mv.read_account(written, 9), AccountRead::Value(Some(i)) if i.balance == U256::from(5))
+        );
+        assert!(matches!(
+            mv.read_storage(written, U256::from(1), 9),
+            StorageRead::Base
+        ));
     }
 
     #[test]
