@@ -160,30 +160,57 @@ fn process_cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// Runs `executor` on `block` `repeat` times; returns the output and the median timing.
-fn timed<E: BlockExecutor>(
+/// One timed execution of `block` by `executor`.
+fn timed_once<E: BlockExecutor>(
     executor: &E,
     spec: &ChainSpec,
     block: &RecoveredBlock,
     state: &MemState,
-    repeat: usize,
 ) -> eyre::Result<(BlockOutput, Timing)> {
-    let mut timings = Vec::with_capacity(repeat);
-    let mut output = None;
-    for _ in 0..repeat.max(1) {
-        let (cpu0, wall0) = (process_cpu_time(), Instant::now());
-        let out = executor
-            .execute(spec, block, state)
-            .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))?;
-        timings.push(Timing {
-            wall: wall0.elapsed(),
-            cpu: process_cpu_time() - cpu0,
-        });
-        output = Some(out);
-    }
+    let (cpu0, wall0) = (process_cpu_time(), Instant::now());
+    let out = executor
+        .execute(spec, block, state)
+        .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))?;
+    let timing = Timing {
+        wall: wall0.elapsed(),
+        cpu: process_cpu_time() - cpu0,
+    };
+    Ok((out, timing))
+}
+
+/// The median (by wall time) of `timings`.
+fn median(mut timings: Vec<Timing>) -> Timing {
     timings.sort_by_key(|t| t.wall);
-    let output = output.ok_or_else(|| eyre::eyre!("no run"))?;
-    Ok((output, timings[timings.len() / 2]))
+    timings.get(timings.len() / 2).copied().unwrap_or_default()
+}
+
+/// Runs the sequential and the parallel executor on `block` `repeat` times each, alternating,
+/// and returns both outputs and median timings. Alternating puts a change in the machine's
+/// speed during the measurement (another tenant of a shared host) on both executors alike
+/// instead of on whichever ran at the time.
+///
+/// The first sequential run sets the header's gas used before the parallel executor sees the
+/// block: the generated headers leave it at zero, a block a node validates carries it, and the
+/// parallel executor's small-block fallback reads it.
+fn timed_pair(
+    parallel: &ParallelExecutor,
+    spec: &ChainSpec,
+    block: &mut RecoveredBlock,
+    state: &MemState,
+    repeat: usize,
+) -> eyre::Result<(BlockOutput, Timing, BlockOutput, Timing)> {
+    let (mut seq, mut par) = (Vec::new(), Vec::new());
+    let mut outputs = None;
+    for _ in 0..repeat.max(1) {
+        let (seq_out, s) = timed_once(&SequentialExecutor, spec, block, state)?;
+        block.header.gas_used = seq_out.gas_used;
+        let (par_out, p) = timed_once(parallel, spec, block, state)?;
+        seq.push(s);
+        par.push(p);
+        outputs = Some((seq_out, par_out));
+    }
+    let (seq_out, par_out) = outputs.ok_or_else(|| eyre::eyre!("no run"))?;
+    Ok((seq_out, median(seq), par_out, median(par)))
 }
 
 /// Transactions per block that use about `gas` in a block of `config`'s workload, from the
@@ -243,12 +270,8 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     let (mut seq, mut par) = (Timing::default(), Timing::default());
     let (mut txs, mut gas, mut equal) = (0usize, 0u64, true);
     for block in &mut workload.blocks {
-        // Same block, same pre-state, one after the other in this process.
-        let (out, t) = timed(&SequentialExecutor, spec, block, &state, args.repeat)?;
-        // The generated headers leave gas used at zero; a block a node validates carries it,
-        // and the parallel executor's small-block fallback reads it.
-        block.header.gas_used = out.gas_used;
-        let (par_out, p) = timed(&parallel, spec, block, &state, args.repeat)?;
+        // Same block, same pre-state, the two executors alternating in this process.
+        let (out, t, par_out, p) = timed_pair(&parallel, spec, block, &state, args.repeat)?;
         let block_equal = par_out == out;
         if !block_equal {
             tracing::error!(
