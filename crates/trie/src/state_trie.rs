@@ -168,6 +168,73 @@ fn sort_by_key<T: Send>(items: &mut [(Nibbles, T)], parallel: bool) {
     }
 }
 
+/// The account trie's updates for `diff`'s accounts, sorted by key, each with the storage root
+/// it had (`None`: the stored leaf's, or empty for a new account) until [`with_storage_roots`]
+/// sets the new ones.
+fn account_ops(diff: &HashedPostState, parallel: bool) -> Vec<(Nibbles, KeyedAccountOp)> {
+    let mut accounts: Vec<(Nibbles, KeyedAccountOp)> = diff
+        .accounts
+        .iter()
+        .map(|(address, account)| {
+            let op = match account {
+                None => AccountOp::Delete,
+                Some(account) => AccountOp::Set(*account, None),
+            };
+            let op = KeyedAccountOp {
+                address: *address,
+                op,
+            };
+            (Nibbles::unpack(address), op)
+        })
+        .collect();
+    sort_by_key(&mut accounts, parallel);
+    accounts
+}
+
+/// `accounts` (sorted by key) with the changed storage roots set: on the account's update if
+/// it has one, otherwise as an update of the storage root alone, merged in in key order.
+fn with_storage_roots(
+    mut accounts: Vec<(Nibbles, KeyedAccountOp)>,
+    storage_roots: &B256Map<B256>,
+) -> Vec<(Nibbles, KeyedAccountOp)> {
+    let mut root_only: Vec<(Nibbles, KeyedAccountOp)> = Vec::new();
+    for (address, root) in storage_roots {
+        let key = Nibbles::unpack(address);
+        match accounts.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(i) => {
+                // A deleted account keeps its `Delete`: its storage trie goes with it (and is
+                // not a storage job, so it has no new root).
+                if let AccountOp::Set(_, storage_root) = &mut accounts[i].1.op {
+                    *storage_root = Some(*root);
+                }
+            }
+            Err(_) => root_only.push((
+                key,
+                KeyedAccountOp {
+                    address: *address,
+                    op: AccountOp::StorageRoot(*root),
+                },
+            )),
+        }
+    }
+    if root_only.is_empty() {
+        return accounts;
+    }
+    root_only.sort_unstable_by_key(|(key, _)| *key);
+    // Two sorted lists with distinct keys (a root-only update is of an address without an
+    // account update): one merge pass, not a sort of the whole.
+    let mut merged = Vec::with_capacity(accounts.len() + root_only.len());
+    let mut rest = root_only.into_iter().peekable();
+    for item in accounts {
+        while let Some(next) = rest.next_if(|(key, _)| *key < item.0) {
+            merged.push(next);
+        }
+        merged.push(item);
+    }
+    merged.extend(rest);
+    merged
+}
+
 struct StorageResult {
     address: B256,
     wiped: bool,
@@ -264,48 +331,22 @@ impl<S: NodeStore> StateTrie<S> {
             let mut updates = TrieUpdates::default();
 
             // Storage tries first, largest first so the big ones start before the pool fills
-            // with small ones; the account leaves need their new roots.
-            let mut jobs: Vec<(&B256, &HashedStorage)> = diff
-                .storages
-                .iter()
-                .filter(|(address, storage)| {
-                    !matches!(diff.accounts.get(*address), Some(None))
-                        && (storage.wiped || !storage.slots.is_empty())
-                })
-                .collect();
-            jobs.sort_unstable_by_key(|(address, storage)| {
-                (Reverse(storage.slots.len()), **address)
-            });
-            let run =
-                |(address, storage): &(&B256, &HashedStorage)| -> Result<StorageResult, TrieError> {
-                    let mut slots: Vec<(Nibbles, SlotOp)> = storage
-                        .slots
-                        .iter()
-                        .map(|(slot, value)| (Nibbles::unpack(slot), SlotOp(*value)))
-                        .collect();
-                    sort_by_key(&mut slots, parallel);
-                    let ctx = Ctx {
-                        store: &self.store,
-                        trie: TrieId::Storage(**address),
-                        split_at,
-                    };
-                    let mut out = Out::default();
-                    let root = update_trie(&ctx, &slots, storage.wiped, &mut out)?;
-                    Ok(StorageResult {
-                        address: **address,
-                        wiped: storage.wiped,
-                        root,
-                        out,
-                    })
-                };
-            let results: Vec<StorageResult> = if parallel {
-                jobs.par_iter()
-                    .with_max_len(1)
-                    .map(run)
-                    .collect::<Result<_, _>>()?
+            // with small ones; the account leaves need their new roots. The account updates
+            // are built and sorted beside them (only their storage roots depend on the storage
+            // tries, and those are set afterwards): that work fills the other threads while the
+            // storage phase prepares its keys on one, and leaves less to do between the phases.
+            let (results, accounts) = if parallel {
+                rayon::join(
+                    || self.storage_tries(diff, parallel, split_at),
+                    || account_ops(diff, parallel),
+                )
             } else {
-                jobs.iter().map(run).collect::<Result<_, _>>()?
+                (
+                    self.storage_tries(diff, parallel, split_at),
+                    account_ops(diff, parallel),
+                )
             };
+            let results = results?;
 
             let mut storage_roots: B256Map<B256> = B256Map::default();
             for result in results {
@@ -341,31 +382,7 @@ impl<S: NodeStore> StateTrie<S> {
                 }
             }
 
-            let mut accounts: Vec<(Nibbles, KeyedAccountOp)> =
-                Vec::with_capacity(diff.accounts.len() + storage_roots.len());
-            for (address, account) in &diff.accounts {
-                let op = match account {
-                    None => AccountOp::Delete,
-                    Some(account) => AccountOp::Set(*account, storage_roots.get(address).copied()),
-                };
-                accounts.push((
-                    Nibbles::unpack(address),
-                    KeyedAccountOp {
-                        address: *address,
-                        op,
-                    },
-                ));
-            }
-            for (address, root) in &storage_roots {
-                if !diff.accounts.contains_key(address) {
-                    let op = KeyedAccountOp {
-                        address: *address,
-                        op: AccountOp::StorageRoot(*root),
-                    };
-                    accounts.push((Nibbles::unpack(address), op));
-                }
-            }
-            sort_by_key(&mut accounts, parallel);
+            let accounts = with_storage_roots(accounts, &storage_roots);
             let ctx = Ctx {
                 store: &self.store,
                 trie: TrieId::Account,
@@ -390,6 +407,52 @@ impl<S: NodeStore> StateTrie<S> {
                 stats,
             })
         })
+    }
+
+    /// The new roots and node changes of the storage tries `diff` changes, largest first
+    /// (those of deleted accounts excepted: the account trie drops them whole).
+    fn storage_tries(
+        &self,
+        diff: &HashedPostState,
+        parallel: bool,
+        split_at: usize,
+    ) -> Result<Vec<StorageResult>, TrieError> {
+        let mut jobs: Vec<(&B256, &HashedStorage)> = diff
+            .storages
+            .iter()
+            .filter(|(address, storage)| {
+                !matches!(diff.accounts.get(*address), Some(None))
+                    && (storage.wiped || !storage.slots.is_empty())
+            })
+            .collect();
+        jobs.sort_unstable_by_key(|(address, storage)| (Reverse(storage.slots.len()), **address));
+        let run =
+            |(address, storage): &(&B256, &HashedStorage)| -> Result<StorageResult, TrieError> {
+                let mut slots: Vec<(Nibbles, SlotOp)> = storage
+                    .slots
+                    .iter()
+                    .map(|(slot, value)| (Nibbles::unpack(slot), SlotOp(*value)))
+                    .collect();
+                sort_by_key(&mut slots, parallel);
+                let ctx = Ctx {
+                    store: &self.store,
+                    trie: TrieId::Storage(**address),
+                    split_at,
+                };
+                let mut out = Out::default();
+                let root = update_trie(&ctx, &slots, storage.wiped, &mut out)?;
+                Ok(StorageResult {
+                    address: **address,
+                    wiped: storage.wiped,
+                    root,
+                    out,
+                })
+            };
+        if parallel {
+            jobs.par_iter().with_max_len(1).map(run).collect()
+        } else {
+            jobs.iter().map(run).collect()
+        }
     }
 
     /// The stored account under a hashed address.
@@ -738,6 +801,44 @@ mod tests {
                     let got = parallel.storage(keccak256(addr), keccak256(slot.to_be_bytes::<32>())).unwrap();
                     prop_assert_eq!(got, Some(*value));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn storage_roots_join_the_sorted_account_updates() {
+        let account = HashedAccount {
+            nonce: 1,
+            balance: U256::from(7),
+            code_hash: KECCAK_EMPTY,
+        };
+        let address = |i: u8| B256::repeat_byte(i);
+        let mut diff = HashedPostState::default();
+        diff.accounts.insert(address(0x20), Some(account));
+        diff.accounts.insert(address(0x40), None);
+        diff.accounts.insert(address(0x60), Some(account));
+        let accounts = account_ops(&diff, false);
+        let roots: B256Map<B256> = [0x10, 0x40, 0x50, 0x60, 0x70]
+            .into_iter()
+            .map(|i| (address(i), B256::repeat_byte(i + 1)))
+            .collect();
+        let merged = with_storage_roots(accounts, &roots);
+        let keys: Vec<B256> = merged.iter().map(|(_, op)| op.address).collect();
+        assert_eq!(
+            keys,
+            [0x10, 0x20, 0x40, 0x50, 0x60, 0x70].map(address).to_vec()
+        );
+        assert!(merged.windows(2).all(|w| w[0].0 < w[1].0));
+        for (key, op) in &merged {
+            assert_eq!(*key, Nibbles::unpack(op.address));
+            let byte = op.address.0[0];
+            match (&op.op, byte) {
+                (AccountOp::StorageRoot(root), 0x10 | 0x50 | 0x70) => {
+                    assert_eq!(*root, B256::repeat_byte(byte + 1));
+                }
+                (AccountOp::Set(_, None), 0x20) | (AccountOp::Delete, 0x40) => {}
+                (AccountOp::Set(_, Some(root)), 0x60) => assert_eq!(*root, B256::repeat_byte(0x61)),
+                _ => panic!("unexpected update at {byte:#x}"),
             }
         }
     }
