@@ -61,7 +61,7 @@ pub struct ExecArgs {
     /// Worker threads of the parallel executor.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Timed runs of each executor on each block; the median counts.
+    /// Timed runs of each executor on each block, the two alternating; the median counts.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     /// Untimed runs of each executor on the first block before measuring (page faults of a
