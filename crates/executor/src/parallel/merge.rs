@@ -25,41 +25,12 @@ use revm::{
     primitives::StorageKeyMap,
     state::AccountInfo,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How many transitions ahead of its use the reverts' walk prefetches one.
 const PREFETCH_AHEAD: usize = 8;
 
 /// Transitions below this count are merged on the calling thread alone.
 const PARALLEL_MERGE_MIN: usize = 1024;
-
-/// A transition with at least this many changed slots is big: its revert is a job of its own.
-/// One hot contract's revert (an ERC20 token's 12,000 balance slots) costs as much as
-/// thousands of plain accounts' reverts; on the reverts' thread it made that thread finish
-/// 3.5 ms after the other (a 6,000-transfer ERC20 block).
-const BIG_STORAGE: usize = 256;
-
-fn is_big(transition: &TransitionAccount) -> bool {
-    transition.storage.len() >= BIG_STORAGE
-}
-
-/// The reverts of the big transitions: built by whichever thread finishes its half first.
-type BigReverts = Vec<(Address, Option<AccountRevert>)>;
-
-/// Builds the big transitions' reverts unless the other thread has claimed them (`claimed`
-/// is the claim; exactly one of the two threads wins it).
-fn claim_big(claimed: &AtomicBool, big: &[(Address, &TransitionAccount)]) -> Option<BigReverts> {
-    if big.is_empty() || claimed.swap(true, Ordering::Relaxed) {
-        return None;
-    }
-    let mut reverts: BigReverts = big
-        .iter()
-        .map(|(address, transition)| (*address, revert_of(transition)))
-        .collect();
-    // In address order, for the lookup in `into_bundle`.
-    reverts.sort_unstable_by_key(|(address, _)| *address);
-    Some(reverts)
-}
 
 /// `transition`'s revert, as `create_revert` builds it, except that the account infos leave
 /// out the cached code.
@@ -153,35 +124,26 @@ struct Presents {
     accounts: AddressMap<BundleAccount>,
     contracts: Vec<(B256, Bytecode)>,
     state_size: usize,
-    /// The big transitions' reverts, if this thread claimed them.
-    big: Option<BigReverts>,
 }
 
 /// The revert half of the merge.
 #[derive(Default)]
 struct Reverts {
-    /// In address order; a big transition's entry is a placeholder when the big ones are a
-    /// job of their own.
+    /// In address order.
     reverts: Vec<(Address, AccountRevert)>,
     reverts_size: usize,
     /// Accounts whose transition creates no revert: revm leaves them out of the bundle.
     unchanged: Vec<Address>,
-    /// Positions of the placeholders in `reverts`.
-    placeholders: Vec<usize>,
-    /// The big transitions' reverts, if this thread claimed them.
-    big: Option<BigReverts>,
 }
 
 /// The present account of every transition, as the vacant-entry branch of
 /// `BundleState::apply_transitions_and_create_reverts` builds it (kept there only when the
-/// transition has a revert; [`into_bundle`] removes the others). With `claimed`, it then tries
-/// to claim the big transitions' reverts.
-fn presents(transitions: &AddressMap<TransitionAccount>, claimed: Option<&AtomicBool>) -> Presents {
+/// transition has a revert; [`into_bundle`] removes the others).
+fn presents(transitions: &AddressMap<TransitionAccount>) -> Presents {
     let mut part = Presents {
         accounts: AddressMap::with_capacity_and_hasher(transitions.len(), Default::default()),
         ..Presents::default()
     };
-    let mut big = Vec::new();
     for (address, transition) in transitions {
         if let Some((hash, code)) = transition.has_new_contract() {
             part.contracts.push((hash, code.clone()));
@@ -189,18 +151,13 @@ fn presents(transitions: &AddressMap<TransitionAccount>, claimed: Option<&Atomic
         let present = transition.present_bundle_account();
         part.state_size += present.size_hint();
         part.accounts.insert(*address, present);
-        if claimed.is_some() && is_big(transition) {
-            big.push((*address, transition));
-        }
     }
-    part.big = claimed.and_then(|claimed| claim_big(claimed, &big));
     part
 }
 
-/// The revert of every transition, in address order; with `claimed`, a placeholder for each
-/// big one, whose reverts it then tries to claim. `create_revert` consumes its transition, and
-/// the other thread reads the transitions meanwhile: each is copied first (see [`revert_of`]).
-fn reverts(transitions: &AddressMap<TransitionAccount>, claimed: Option<&AtomicBool>) -> Reverts {
+/// The revert of every transition, in address order, built from the transitions in place (the
+/// other thread reads them meanwhile; see [`revert_of`]).
+fn reverts(transitions: &AddressMap<TransitionAccount>) -> Reverts {
     let mut sorted: Vec<(Address, &TransitionAccount)> =
         transitions.iter().map(|(a, t)| (*a, t)).collect();
     // Sorting the 28-byte references, not the reverts, keeps the sort cheap.
@@ -209,7 +166,6 @@ fn reverts(transitions: &AddressMap<TransitionAccount>, claimed: Option<&AtomicB
         reverts: Vec::with_capacity(sorted.len()),
         ..Reverts::default()
     };
-    let mut big = Vec::new();
     for (i, &(address, transition)) in sorted.iter().enumerate() {
         // In address order the transitions are scattered over the map's table: ask for the
         // ones a few steps ahead so that their misses overlap.
@@ -219,12 +175,6 @@ fn reverts(transitions: &AddressMap<TransitionAccount>, claimed: Option<&AtomicB
                 size_of::<TransitionAccount>().div_ceil(64),
             );
         }
-        if claimed.is_some() && is_big(transition) {
-            part.placeholders.push(part.reverts.len());
-            part.reverts.push((address, AccountRevert::default()));
-            big.push((address, transition));
-            continue;
-        }
         match revert_of(transition) {
             Some(revert) => {
                 part.reverts_size += revert.size_hint();
@@ -233,7 +183,6 @@ fn reverts(transitions: &AddressMap<TransitionAccount>, claimed: Option<&AtomicB
             None => part.unchanged.push(address),
         }
     }
-    part.big = claimed.and_then(|claimed| claim_big(claimed, &big));
     part
 }
 
@@ -269,52 +218,24 @@ pub(crate) fn merge_and_take<DB: revm::Database>(
     let map = &transitions.transitions;
     let bundle = if map.len() < PARALLEL_MERGE_MIN {
         // Waking the pool thread costs more than half of a small merge.
-        into_bundle(map, presents(map, None), reverts(map, None))
+        into_bundle(presents(map), reverts(map))
     } else {
         // The reverts on the pool thread, the presents here (`ThreadPool::join` would run both
-        // on the pool while this thread waits), the big reverts on whichever finishes first.
-        let claimed = AtomicBool::new(false);
+        // on the pool while this thread waits).
         let mut reverts_part = None;
         let presents_part = pool.in_place_scope(|scope| {
-            scope.spawn(|_| reverts_part = Some(reverts(map, Some(&claimed))));
-            presents(map, Some(&claimed))
+            scope.spawn(|_| reverts_part = Some(reverts(map)));
+            presents(map)
         });
         // The scope returns only after its spawned job ran.
-        let reverts_part = reverts_part.unwrap_or_else(|| reverts(map, None));
-        into_bundle(map, presents_part, reverts_part)
+        let reverts_part = reverts_part.unwrap_or_else(|| reverts(map));
+        into_bundle(presents_part, reverts_part)
     };
     (bundle, transitions)
 }
 
 /// The bundle of the two halves of one set of transitions.
-fn into_bundle(
-    transitions: &AddressMap<TransitionAccount>,
-    presents: Presents,
-    mut reverts: Reverts,
-) -> BundleState {
-    if !reverts.placeholders.is_empty() {
-        // One of the halves claimed the big reverts; both saw the same big transitions.
-        let mut big = presents.big.or(reverts.big.take()).unwrap_or_default();
-        // Last first, so that removing a placeholder leaves the earlier positions as they were.
-        for &position in reverts.placeholders.iter().rev() {
-            let address = reverts.reverts[position].0;
-            let revert = match big.binary_search_by_key(&address, |(a, _)| *a) {
-                Ok(i) => big[i].1.take(),
-                // Not expected; built here rather than lost.
-                Err(_) => transitions.get(&address).and_then(revert_of),
-            };
-            match revert {
-                Some(revert) => {
-                    reverts.reverts_size += revert.size_hint();
-                    reverts.reverts[position].1 = revert;
-                }
-                None => {
-                    reverts.reverts.remove(position);
-                    reverts.unchanged.push(address);
-                }
-            }
-        }
-    }
+fn into_bundle(presents: Presents, reverts: Reverts) -> BundleState {
     let (mut accounts, mut state_size) = (presents.accounts, presents.state_size);
     for address in &reverts.unchanged {
         if let Some(account) = accounts.remove(address) {
@@ -411,8 +332,8 @@ mod tests {
         state
     }
 
-    // One transition is big (see `BIG_STORAGE`).
-    const BIG_SLOTS: usize = BIG_STORAGE + 1;
+    // One transition has many slots, as an ERC20 token's does.
+    const BIG_SLOTS: usize = 300;
 
     /// `merge_and_take` equals revm's own merge (reverts in canonical order), on the serial
     /// and on the two-thread path.
