@@ -289,7 +289,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         self.presize_storage();
         let Some(mut exec) = outcome.exec.take() else {
             let result = self.commit_exact(k, &outcome.written);
-            self.recycle(outcome, None);
+            self.recycle(outcome);
             return result;
         };
         let coinbase = self.shared.coinbase;
@@ -306,7 +306,8 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             .is_err()
         {
             let result = self.commit_exact(k, &outcome.written);
-            self.recycle(outcome, Some(exec.state));
+            outcome.exec = Some(exec);
+            self.recycle(outcome);
             return result;
         }
         self.stats.validated += 1;
@@ -344,7 +345,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             state,
             bloom,
         });
-        self.recycle(outcome, None);
+        self.recycle(outcome);
         Ok(())
     }
 
@@ -398,11 +399,8 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     }
 
     /// Queues a consumed speculative result for a pool thread to free (see `recycle.rs`).
-    fn recycle(&mut self, outcome: Box<SpecOutcome>, state: Option<EvmState>) {
-        self.spent.push(Spent {
-            _outcome: outcome,
-            _state: state,
-        });
+    fn recycle(&mut self, outcome: Box<SpecOutcome>) {
+        self.spent.push(Spent { _outcome: outcome });
         self.recycler.give(&mut self.spent);
     }
 

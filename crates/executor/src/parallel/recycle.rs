@@ -11,7 +11,6 @@
 //! nothing is reused within the block then).
 
 use super::spec::SpecOutcome;
-use revm::state::EvmState;
 use std::sync::{
     Mutex, PoisonError,
     atomic::{AtomicBool, Ordering},
@@ -20,13 +19,13 @@ use std::sync::{
 /// Results handed back per batch: one lock per batch rather than per transaction.
 const BATCH: usize = 32;
 
-/// What is left of a committed speculative result, held only to be dropped by a pool thread.
+/// What is left of a committed speculative result, held only to be dropped by a pool thread:
+/// its read set and write list, and its execution if it had one (the state map emptied, its
+/// table still allocated, when it was committed; whole when validation rejected it; the
+/// result's output bytes).
 #[derive(Debug)]
 pub(crate) struct Spent {
     pub _outcome: Box<SpecOutcome>,
-    /// The state map: emptied (its table still allocated) when it was committed, whole when
-    /// validation rejected it.
-    pub _state: Option<EvmState>,
 }
 
 /// The returned results of one block. The committer fills `bin`; a pool thread empties it.
@@ -77,7 +76,6 @@ mod tests {
                 exec: None,
                 written: Vec::new(),
             }),
-            _state: Some(EvmState::default()),
         }
     }
 
