@@ -11,7 +11,7 @@
 use crate::{
     error::TrieError,
     node::{Node, StoredNode, Value, rlp_node_counted, root_hash_of},
-    store::{ChildNodes, NodeStore, NodeUpdates, TrieId},
+    store::{ChildNodes, NodeStore, NodeUpdates, TrieId, WriteSlot},
 };
 use alloy_primitives::B256;
 use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieMask, nodes::RlpNode};
@@ -33,6 +33,8 @@ pub(crate) struct Ctx<'a, S> {
     /// Subtrees with at least this many pending updates fan their children out across the
     /// pool; `usize::MAX` keeps everything on the calling thread.
     pub split_at: usize,
+    /// Whether hashes are taken in batches (see [`Out`]).
+    pub defer: bool,
 }
 
 impl<'s, S: NodeStore> Ctx<'s, S> {
@@ -65,50 +67,453 @@ impl<'s, S: NodeStore> Ctx<'s, S> {
     }
 }
 
+/// A child's reference during an update: final, or the index of a node of the same [`Out`]
+/// whose hash is taken later, together with others (see [`Out::resolve`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Ref {
+    Known(RlpNode),
+    Pending(u32),
+}
+
+impl Ref {
+    fn shifted(self, offset: u32) -> Self {
+        match self {
+            Self::Pending(i) => Self::Pending(i + offset),
+            known => known,
+        }
+    }
+}
+
+/// Values that hold references of an [`Out`]'s pending nodes.
+trait HasRefs {
+    fn map_refs(self, f: impl FnMut(Ref) -> Ref) -> Self;
+}
+
+impl HasRefs for Ref {
+    fn map_refs(self, mut f: impl FnMut(Ref) -> Ref) -> Self {
+        f(self)
+    }
+}
+
+/// A node written with placeholders for its hash and its pending children's hashes.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    /// 0 without pending children, else one more than the highest of theirs: nodes of one
+    /// height never depend on each other.
+    height: u8,
+    /// Its write in [`Out::nodes`].
+    write: WriteSlot,
+    /// Its encoding in [`Scratch::bytes`].
+    bytes: (u32, u32),
+    /// Its pending children in [`Scratch::patches`].
+    patches: (u32, u32),
+}
+
+/// Where a pending child's hash goes: 32 bytes at `at` in [`Scratch::bytes`].
+#[derive(Clone, Copy, Debug)]
+struct Patch {
+    at: u32,
+    child: u32,
+}
+
+/// The placeholder of a pending child in its parent's encoding: a hash's RLP of the right length.
+const PLACEHOLDER_REF: RlpNode = {
+    let mut raw = [0u8; 33];
+    raw[0] = alloy_rlp::EMPTY_STRING_CODE + 32;
+    match RlpNode::from_raw(&raw) {
+        Some(node) => node,
+        None => panic!("a 33-byte reference fits"),
+    }
+};
+
+/// The buffers of deferred hashing, a few megabytes in a large block: kept per thread between
+/// updates (see [`Out::new`]) so that each block reuses memory the allocator already holds
+/// instead of faulting in fresh pages.
+#[derive(Debug, Default)]
+struct Scratch {
+    pending: Vec<Pending>,
+    bytes: Vec<u8>,
+    patches: Vec<Patch>,
+    /// Hashes of resolved pending nodes, by index, until [`Out::settle`] is done with them.
+    hashes: Vec<B256>,
+    /// Pending nodes ordered by height, and the keccak batches' order.
+    order: Vec<u32>,
+    keccak_order: Vec<u32>,
+    level_hashes: Vec<B256>,
+}
+
+impl Scratch {
+    fn clear(&mut self) {
+        self.pending.clear();
+        self.bytes.clear();
+        self.patches.clear();
+        self.hashes.clear();
+    }
+}
+
+thread_local! {
+    /// Spare [`Scratch`] buffers of this thread.
+    static SPARE: std::cell::RefCell<Vec<Scratch>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// What one worker produced: node writes and deletes, its keccak count, and scratch buffers
 /// reused for every node it encodes.
-#[derive(Default)]
+///
+/// With `defer`, nodes of 32 bytes or more are written when finished but hashed only when
+/// [`Out::settle`] runs: then every pending node of one height is hashed in one batch (see
+/// `keccak.rs`), several times cheaper than one by one where the CPU hashes eight at once.
+#[derive(Debug)]
 pub(crate) struct Out {
     pub nodes: NodeUpdates,
     pub keccak_calls: u64,
     rlp: Vec<u8>,
     value: Vec<u8>,
+    defer: bool,
+    scratch: Pooled,
+}
+
+/// Spare [`Scratch`] buffers a thread keeps. With two, most of a parallel update's tasks grew
+/// fresh buffers every block (reallocations and page faults in the profile).
+const SPARES_PER_THREAD: usize = 64;
+
+/// A [`Scratch`] that goes back to its thread's spares when dropped.
+#[derive(Debug, Default)]
+struct Pooled(Scratch);
+
+impl Pooled {
+    fn take() -> Self {
+        Self(
+            SPARE
+                .try_with(|spare| spare.borrow_mut().pop())
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+        )
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if self.0.bytes.capacity() == 0 {
+            return;
+        }
+        let mut scratch = std::mem::take(&mut self.0);
+        scratch.clear();
+        // Enough for the next block's tasks (a parent drops its sixteen tasks' buffers on its
+        // own thread); beyond that they are freed.
+        let _ = SPARE.try_with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < SPARES_PER_THREAD {
+                spare.push(scratch);
+            }
+        });
+    }
 }
 
 impl Out {
-    pub(crate) fn merge(&mut self, mut other: Self) {
-        self.nodes.append(&mut other.nodes);
+    pub(crate) fn new(defer: bool) -> Self {
+        let scratch = if defer {
+            Pooled::take()
+        } else {
+            Pooled::default()
+        };
+        Self {
+            nodes: NodeUpdates::default(),
+            keccak_calls: 0,
+            rlp: Vec::new(),
+            value: Vec::new(),
+            defer,
+            scratch,
+        }
+    }
+
+    fn pending_count(&self) -> usize {
+        self.scratch.0.pending.len()
+    }
+
+    /// Moves `other`'s writes, deletes and pending nodes here; returns the offset to add to
+    /// `other`'s pending references.
+    fn merge(&mut self, mut other: Self) -> u32 {
+        let chunks = self.nodes.append(&mut other.nodes);
         self.keccak_calls += other.keccak_calls;
+        let ours = &mut self.scratch.0;
+        let offset = ours.pending.len() as u32;
+        let theirs = &mut other.scratch.0;
+        if !theirs.pending.is_empty() {
+            let bytes = ours.bytes.len() as u32;
+            let patches = ours.patches.len() as u32;
+            ours.bytes.extend_from_slice(&theirs.bytes);
+            ours.patches.extend(theirs.patches.iter().map(|p| Patch {
+                at: p.at + bytes,
+                child: p.child + offset,
+            }));
+            ours.pending.extend(theirs.pending.iter().map(|p| Pending {
+                height: p.height,
+                write: WriteSlot {
+                    chunk: p.write.chunk + chunks,
+                    index: p.write.index,
+                },
+                bytes: (p.bytes.0 + bytes, p.bytes.1 + bytes),
+                patches: (p.patches.0 + patches, p.patches.1 + patches),
+            }));
+        }
+        offset
     }
 
-    /// The reference of `node` (a branch with the given children): its RLP, or its hash.
-    fn encode(&mut self, node: &Node, children: &[RlpNode]) -> RlpNode {
-        self.rlp.clear();
-        node.encode(children, &mut self.rlp);
-        rlp_node_counted(&self.rlp, &mut self.keccak_calls)
-    }
-
-    fn write(&mut self, path: Nibbles, node: Node, reference: RlpNode) {
-        self.nodes.push_write(path, StoredNode { node, reference });
+    /// Finishes `node` at `path`: encodes it over its children's references (a branch's, in
+    /// nibble order; an extension's one child; none for a leaf) and writes it, its reference
+    /// to follow if pending. Returns its reference.
+    fn finish(&mut self, path: Nibbles, mut node: Node, children: &[Ref]) -> Ref {
+        let mut refs: [RlpNode; 16] = std::array::from_fn(|_| RlpNode::default());
+        let mut height = 0u8;
+        let mut any_pending = false;
+        for (slot, child) in refs.iter_mut().zip(children) {
+            *slot = match child {
+                Ref::Known(reference) => reference.clone(),
+                Ref::Pending(i) => {
+                    any_pending = true;
+                    height = height.max(self.scratch.0.pending[*i as usize].height + 1);
+                    PLACEHOLDER_REF
+                }
+            };
+        }
+        let refs = &refs[..children.len()];
+        if let Node::Extension { child, .. } = &mut node
+            && let Some(first) = refs.first()
+        {
+            child.clone_from(first);
+        }
+        if !self.defer {
+            self.rlp.clear();
+            node.encode(refs, &mut self.rlp);
+            let reference = rlp_node_counted(&self.rlp, &mut self.keccak_calls);
+            self.nodes.push_write(
+                path,
+                StoredNode {
+                    node,
+                    reference: reference.clone(),
+                },
+            );
+            return Ref::Known(reference);
+        }
+        let scratch = &mut self.scratch.0;
+        let start = scratch.bytes.len();
+        node.encode(refs, &mut scratch.bytes);
+        let len = scratch.bytes.len() - start;
+        if len < 32 {
+            // Shorter than a hash, so no child of it is hashed: it is final now.
+            let reference = RlpNode::from_raw(&scratch.bytes[start..]).unwrap_or_default();
+            scratch.bytes.truncate(start);
+            self.nodes.push_write(
+                path,
+                StoredNode {
+                    node,
+                    reference: reference.clone(),
+                },
+            );
+            return Ref::Known(reference);
+        }
+        let first_patch = scratch.patches.len() as u32;
+        if any_pending {
+            match &node {
+                Node::Extension { .. } => {
+                    // The child is the last item.
+                    if let Some(Ref::Pending(child)) = children.first() {
+                        scratch.patches.push(Patch {
+                            at: (start + len - 32) as u32,
+                            child: *child,
+                        });
+                    }
+                }
+                Node::Branch { state_mask, value } => {
+                    // Sixteen child items and the value item follow the list header.
+                    let value_len = value
+                        .as_ref()
+                        .map_or(1, |v| alloy_rlp::Encodable::length(&v[..]));
+                    let items: usize =
+                        refs.iter().map(|r| r.len()).sum::<usize>() + (16 - refs.len()) + value_len;
+                    let mut at = start + (len - items);
+                    let mut next = children.iter();
+                    for nibble in 0..16u8 {
+                        if !state_mask.is_bit_set(nibble) {
+                            at += 1;
+                            continue;
+                        }
+                        match next.next() {
+                            Some(Ref::Pending(child)) => {
+                                scratch.patches.push(Patch {
+                                    at: (at + 1) as u32,
+                                    child: *child,
+                                });
+                                at += PLACEHOLDER_REF.len();
+                            }
+                            Some(Ref::Known(reference)) => at += reference.len(),
+                            None => break,
+                        }
+                    }
+                }
+                Node::Leaf { .. } => {}
+            }
+        }
+        let write = self.nodes.push_write_slot(
+            path,
+            StoredNode {
+                node,
+                reference: PLACEHOLDER_REF,
+            },
+        );
+        scratch.pending.push(Pending {
+            height,
+            write,
+            bytes: (start as u32, scratch.bytes.len() as u32),
+            patches: (first_patch, scratch.patches.len() as u32),
+        });
+        Ref::Pending(scratch.pending.len() as u32 - 1)
     }
 
     /// Encodes an extension or leaf, queues it for writing at `path`, and returns its reference.
-    fn commit_short(&mut self, path: Nibbles, short: Short) -> RlpNode {
-        let node = short.into_node();
-        let reference = self.encode(&node, &[]);
-        self.write(path, node, reference.clone());
-        reference
+    fn commit_short(&mut self, path: Nibbles, short: Short) -> Ref {
+        match short {
+            Short::Leaf(key, value) => self.finish(path, Node::Leaf { key, value }, &[]),
+            Short::Extension(key, child) => self.finish(
+                path,
+                Node::Extension {
+                    key,
+                    child: RlpNode::default(),
+                },
+                &[child],
+            ),
+        }
     }
 
     fn delete(&mut self, path: Nibbles) {
         self.nodes.push_delete(path);
     }
+
+    /// Hashes every pending node, height by height, and fills in the references of their
+    /// writes. The hashes stay readable through [`Out::known`] until [`Out::settle`] ends.
+    fn resolve(&mut self) {
+        let Scratch {
+            pending,
+            bytes,
+            patches,
+            hashes,
+            order,
+            keccak_order,
+            level_hashes,
+        } = &mut self.scratch.0;
+        if pending.is_empty() {
+            return;
+        }
+        hashes.clear();
+        hashes.resize(pending.len(), B256::ZERO);
+        // By height, creation order within one (a counting sort: heights are small).
+        let top = pending
+            .iter()
+            .map(|p| usize::from(p.height))
+            .max()
+            .unwrap_or(0);
+        let mut counts = vec![0u32; top + 2];
+        for p in pending.iter() {
+            counts[usize::from(p.height) + 1] += 1;
+        }
+        for h in 1..counts.len() {
+            counts[h] += counts[h - 1];
+        }
+        order.clear();
+        order.resize(pending.len(), 0);
+        for (i, p) in pending.iter().enumerate() {
+            let at = &mut counts[usize::from(p.height)];
+            order[*at as usize] = i as u32;
+            *at += 1;
+        }
+        let mut start = 0;
+        while start < order.len() {
+            let height = pending[order[start] as usize].height;
+            let end = start
+                + order[start..]
+                    .iter()
+                    .take_while(|&&i| pending[i as usize].height == height)
+                    .count();
+            let level = &order[start..end];
+            // The children are lower, so resolved: put their hashes in place.
+            for &i in level {
+                let (from, to) = pending[i as usize].patches;
+                for patch in &patches[from as usize..to as usize] {
+                    let at = patch.at as usize;
+                    bytes[at..at + 32].copy_from_slice(&hashes[patch.child as usize][..]);
+                }
+            }
+            let inputs: Vec<&[u8]> = level
+                .iter()
+                .map(|&i| {
+                    let (from, to) = pending[i as usize].bytes;
+                    &bytes[from as usize..to as usize]
+                })
+                .collect();
+            level_hashes.clear();
+            level_hashes.resize(level.len(), B256::ZERO);
+            crate::keccak::keccak256_many(&inputs, level_hashes, keccak_order);
+            for (&i, hash) in level.iter().zip(level_hashes.iter()) {
+                hashes[i as usize] = *hash;
+            }
+            start = end;
+        }
+        self.keccak_calls += pending.len() as u64;
+        for (p, hash) in pending.iter().zip(hashes.iter()) {
+            let stored = self.nodes.write_mut(p.write);
+            stored.reference = RlpNode::word_rlp(hash);
+            if let Node::Extension { child, .. } = &mut stored.node
+                && let Some(patch) = patches.get(p.patches.0 as usize)
+                && p.patches.0 < p.patches.1
+            {
+                *child = RlpNode::word_rlp(&hashes[patch.child as usize]);
+            }
+        }
+        pending.clear();
+        bytes.clear();
+        patches.clear();
+    }
+
+    /// The final reference of `r`, once [`Out::resolve`] has run.
+    fn known(&self, r: &Ref) -> RlpNode {
+        match r {
+            Ref::Known(reference) => reference.clone(),
+            Ref::Pending(i) => RlpNode::word_rlp(&self.scratch.0.hashes[*i as usize]),
+        }
+    }
+
+    /// Resolves the pending nodes and makes the references in `value` final.
+    fn settle<T: HasRefs>(&mut self, value: T) -> T {
+        if self.scratch.0.pending.is_empty() {
+            return value;
+        }
+        self.resolve();
+        let settled = value.map_refs(|r| Ref::Known(self.known(&r)));
+        self.scratch.0.hashes.clear();
+        settled
+    }
+}
+
+/// Pending nodes a parallel task hands back unresolved, for its caller to hash with its
+/// siblings'; a task with more resolves them itself, on its own thread.
+const RESOLVE_IN_TASK: usize = 256;
+
+/// A parallel task's result, settled if large, then merged into the caller's output.
+fn merge_task<T: HasRefs>(out: &mut Out, mut local: Out, value: T) -> T {
+    let value = if local.pending_count() >= RESOLVE_IN_TASK {
+        local.settle(value)
+    } else {
+        value
+    };
+    let offset = out.merge(local);
+    value.map_refs(|r| r.shifted(offset))
 }
 
 /// An extension or a leaf that is not yet placed.
 #[derive(Clone, Debug)]
 enum Short {
-    Extension(Nibbles, RlpNode),
+    Extension(Nibbles, Ref),
     Leaf(Nibbles, Value),
 }
 
@@ -123,13 +528,6 @@ impl Short {
     fn prepend_nibble(self, nibble: u8) -> Self {
         self.prepend(&single_nibble(nibble))
     }
-
-    fn into_node(self) -> Node {
-        match self {
-            Self::Extension(key, child) => Node::Extension { key, child },
-            Self::Leaf(key, value) => Node::Leaf { key, value },
-        }
-    }
 }
 
 /// The state of a subtree after its updates.
@@ -138,10 +536,20 @@ enum Sub {
     Unchanged,
     /// No node is left.
     Empty,
-    /// A branch with its reference, hashed but not yet written.
-    Branch(RlpNode, Node),
+    /// A branch, finished (written, or pending in the output) at the subtree's path.
+    Branch(Ref),
     /// An extension or leaf for the parent to place.
     Short(Short),
+}
+
+impl HasRefs for Sub {
+    fn map_refs(self, mut f: impl FnMut(Ref) -> Ref) -> Self {
+        match self {
+            Self::Branch(r) => Self::Branch(f(r)),
+            Self::Short(Short::Extension(key, r)) => Self::Short(Short::Extension(key, f(r))),
+            other => other,
+        }
+    }
 }
 
 /// How a trie's root changed.
@@ -162,27 +570,24 @@ pub(crate) fn update_trie<S: NodeStore, O: LeafOp>(
     let root = Nibbles::new();
     let existing = if wiped { None } else { ctx.get(&root)? };
     let existed = existing.is_some();
-    Ok(
-        match update_node(ctx, root, existing.as_ref().map(|s| &s.node), updates, out)? {
-            Sub::Unchanged => RootChange::Unchanged,
-            Sub::Empty if !existed && !wiped => RootChange::Unchanged,
-            Sub::Empty => {
-                if existed {
-                    out.delete(root);
-                }
-                RootChange::Changed(EMPTY_ROOT_HASH)
+    let sub = match update_node(ctx, root, existing.as_ref().map(|s| &s.node), updates, out)? {
+        Sub::Short(short) => Sub::Branch(out.commit_short(root, short)),
+        other => other,
+    };
+    Ok(match out.settle(sub) {
+        Sub::Unchanged => RootChange::Unchanged,
+        Sub::Empty if !existed && !wiped => RootChange::Unchanged,
+        Sub::Empty => {
+            if existed {
+                out.delete(root);
             }
-            Sub::Branch(reference, node) => {
-                let hash = root_hash_of(&reference, &mut out.keccak_calls);
-                out.write(root, node, reference);
-                RootChange::Changed(hash)
-            }
-            Sub::Short(short) => {
-                let reference = out.commit_short(root, short);
-                RootChange::Changed(root_hash_of(&reference, &mut out.keccak_calls))
-            }
-        },
-    )
+            RootChange::Changed(EMPTY_ROOT_HASH)
+        }
+        Sub::Branch(reference) => {
+            RootChange::Changed(root_hash_of(&out.known(&reference), &mut out.keccak_calls))
+        }
+        Sub::Short(_) => return Err(TrieError::Invariant("root node left unplaced")),
+    })
 }
 
 /// The hash of the trie whose root is `root`.
@@ -337,10 +742,7 @@ fn update_extension<S: NodeStore, O: LeafOp>(
                     out.delete(full);
                     Sub::Empty
                 }
-                Sub::Branch(reference, node) => {
-                    out.write(full, node, reference.clone());
-                    Sub::Short(Short::Extension(key, reference))
-                }
+                Sub::Branch(reference) => Sub::Short(Short::Extension(key, reference)),
                 Sub::Short(short) => {
                     out.delete(full);
                     Sub::Short(short.prepend(&key))
@@ -366,7 +768,7 @@ fn update_extension<S: NodeStore, O: LeafOp>(
         BranchIn {
             state_mask: TrieMask::default(),
             value: None,
-            virtual_child: Some((nibble, Short::Extension(rest, child))),
+            virtual_child: Some((nibble, rest, child)),
         }
     };
     let sub = update_branch(ctx, at, branch, updates, out)?;
@@ -377,10 +779,7 @@ fn update_extension<S: NodeStore, O: LeafOp>(
     Ok(match sub {
         Sub::Unchanged => Sub::Unchanged,
         Sub::Empty => Sub::Empty,
-        Sub::Branch(reference, node) => {
-            out.write(at, node, reference.clone());
-            Sub::Short(Short::Extension(prefix, reference))
-        }
+        Sub::Branch(reference) => Sub::Short(Short::Extension(prefix, reference)),
         Sub::Short(short) => Sub::Short(short.prepend(&prefix)),
     })
 }
@@ -391,8 +790,9 @@ struct BranchIn {
     /// The children that are in the store.
     state_mask: TrieMask,
     value: Option<Value>,
-    /// A child under a nibble outside `state_mask` that is not in the store.
-    virtual_child: Option<(u8, Short)>,
+    /// A child under a nibble outside `state_mask` that is not in the store: the rest of a
+    /// split extension (its nibble, key and child).
+    virtual_child: Option<(u8, Nibbles, RlpNode)>,
 }
 
 /// Up to sixteen runs of updates, one per child nibble: (nibble, start, end).
@@ -483,10 +883,16 @@ fn update_branch<S: NodeStore, O: LeafOp>(
     // for their references when this branch is re-encoded.
     let stored = ctx.get_children(&path, branch.state_mask)?;
     let groups = nibble_groups(updates, depth);
-    let virtual_node = branch
-        .virtual_child
-        .as_ref()
-        .map(|(nibble, short)| (*nibble, short.clone().into_node()));
+    let virtual_node = branch.virtual_child.as_ref().map(|(nibble, key, child)| {
+        let node = Node::Extension {
+            key: *key,
+            child: child.clone(),
+        };
+        (*nibble, node)
+    });
+    // The split-off rest of an extension, as a short node to place.
+    let virtual_short =
+        |key: &Nibbles, child: &RlpNode| Short::Extension(*key, Ref::Known(child.clone()));
     let existing = |nibble: u8| -> Option<&Node> {
         match &virtual_node {
             Some((n, node)) if *n == nibble => Some(node),
@@ -530,7 +936,7 @@ fn update_branch<S: NodeStore, O: LeafOp>(
             .par_iter()
             .with_max_len(1)
             .map(|&(nibble, start, end)| {
-                let mut local = Out::default();
+                let mut local = Out::new(ctx.defer);
                 let sub = update_node(
                     ctx,
                     child_path(&path, nibble),
@@ -543,8 +949,7 @@ fn update_branch<S: NodeStore, O: LeafOp>(
             .collect();
         for output in outputs {
             let (nibble, sub, local) = output?;
-            out.merge(local);
-            results[usize::from(nibble)] = Some(sub);
+            results[usize::from(nibble)] = Some(merge_task(out, local, sub));
         }
     } else {
         for &(nibble, start, end) in groups.as_slice() {
@@ -591,19 +996,18 @@ fn update_branch<S: NodeStore, O: LeafOp>(
     if count >= 2 || (count == 1 && value.is_some()) {
         // Still a branch: write the changed children side by side, then encode this branch
         // over the new references and the stored ones of the untouched children.
-        let mut children: [RlpNode; 16] = std::array::from_fn(|_| RlpNode::default());
+        let mut children: [Ref; 16] = std::array::from_fn(|_| Ref::Known(RlpNode::default()));
         for (i, nibble) in state_mask.iter().enumerate() {
             let child = child_path(&path, nibble);
             children[i] = match results[usize::from(nibble)].take() {
-                Some(Sub::Branch(reference, node)) => {
-                    out.write(child, node, reference.clone());
-                    reference
-                }
+                Some(Sub::Branch(reference)) => reference,
                 Some(Sub::Short(short)) => out.commit_short(child, short),
                 _ => match (stored.reference(nibble), &branch.virtual_child) {
-                    (Some(reference), _) => reference.clone(),
+                    (Some(reference), _) => Ref::Known(reference.clone()),
                     // The split-off rest of an extension is written now that it has a sibling.
-                    (None, Some((_, short))) => out.commit_short(child, short.clone()),
+                    (None, Some((_, key, grandchild))) => {
+                        out.commit_short(child, virtual_short(key, grandchild))
+                    }
                     (None, None) => {
                         return Err(TrieError::Invariant("branch child without a node"));
                     }
@@ -611,8 +1015,8 @@ fn update_branch<S: NodeStore, O: LeafOp>(
             };
         }
         let node = Node::Branch { state_mask, value };
-        let reference = out.encode(&node, &children[..count as usize]);
-        return Ok(Sub::Branch(reference, node));
+        let reference = out.finish(path, node, &children[..count as usize]);
+        return Ok(Sub::Branch(reference));
     }
 
     if count == 1 {
@@ -623,8 +1027,7 @@ fn update_branch<S: NodeStore, O: LeafOp>(
         let child = child_path(&path, nibble);
         let was_stored = branch.state_mask.is_bit_set(nibble);
         return Ok(match results[usize::from(nibble)].take() {
-            Some(Sub::Branch(reference, node)) => {
-                out.write(child, node, reference.clone());
+            Some(Sub::Branch(reference)) => {
                 Sub::Short(Short::Extension(single_nibble(nibble), reference))
             }
             Some(Sub::Short(short)) => {
@@ -637,10 +1040,12 @@ fn update_branch<S: NodeStore, O: LeafOp>(
                 (Some(node), _) => match node {
                     Node::Branch { .. } => Sub::Short(Short::Extension(
                         single_nibble(nibble),
-                        stored
-                            .reference(nibble)
-                            .ok_or(TrieError::Invariant("stored child without a reference"))?
-                            .clone(),
+                        Ref::Known(
+                            stored
+                                .reference(nibble)
+                                .ok_or(TrieError::Invariant("stored child without a reference"))?
+                                .clone(),
+                        ),
                     )),
                     Node::Extension {
                         key,
@@ -648,7 +1053,8 @@ fn update_branch<S: NodeStore, O: LeafOp>(
                     } => {
                         out.delete(child);
                         Sub::Short(
-                            Short::Extension(*key, grandchild.clone()).prepend_nibble(nibble),
+                            Short::Extension(*key, Ref::Known(grandchild.clone()))
+                                .prepend_nibble(nibble),
                         )
                     }
                     Node::Leaf { key, value } => {
@@ -656,7 +1062,9 @@ fn update_branch<S: NodeStore, O: LeafOp>(
                         Sub::Short(Short::Leaf(*key, value.clone()).prepend_nibble(nibble))
                     }
                 },
-                (None, Some((_, short))) => Sub::Short(short.clone().prepend_nibble(nibble)),
+                (None, Some((_, key, grandchild))) => {
+                    Sub::Short(virtual_short(key, grandchild).prepend_nibble(nibble))
+                }
                 (None, None) => return Err(TrieError::Invariant("lone child without a node")),
             },
         });
@@ -720,46 +1128,37 @@ fn build_fresh<S: NodeStore>(
             let shared = first.common_prefix_length(last);
             if shared > depth {
                 let at = first.slice(..shared);
-                let (reference, node) = build_branch(ctx, at, entries, out)?;
-                out.write(at, node, reference.clone());
+                let reference = build_branch(ctx, at, entries, out)?;
                 Ok(Sub::Short(Short::Extension(
                     first.slice(depth..shared),
                     reference,
                 )))
             } else {
-                let (reference, node) = build_branch(ctx, path, entries, out)?;
-                Ok(Sub::Branch(reference, node))
+                Ok(Sub::Branch(build_branch(ctx, path, entries, out)?))
             }
         }
     }
 }
 
 /// Builds the branch at `path` over at least two entries that diverge at `path` (or one of
-/// which ends there): writes its subtree, and returns the branch hashed but not written.
+/// which ends there), with its subtree; returns its reference.
 fn build_branch<S: NodeStore>(
     ctx: &Ctx<'_, S>,
     path: Nibbles,
     entries: &[(Nibbles, Value)],
     out: &mut Out,
-) -> Result<(RlpNode, Node), TrieError> {
+) -> Result<Ref, TrieError> {
     let depth = path.len();
     let (value, rest) = match entries.split_first() {
         Some(((key, value), rest)) if key.len() == depth => (Some(value.clone()), rest),
         _ => (None, entries),
     };
     let groups = nibble_groups(rest, depth);
-    // The child's reference and its node, not yet written.
-    let build_child = |nibble: u8,
-                       start: usize,
-                       end: usize,
-                       out: &mut Out|
-     -> Result<(RlpNode, Node), TrieError> {
-        match build_fresh(ctx, child_path(&path, nibble), &rest[start..end], out)? {
-            Sub::Branch(reference, node) => Ok((reference, node)),
-            Sub::Short(short) => {
-                let node = short.into_node();
-                Ok((out.encode(&node, &[]), node))
-            }
+    let build_child = |nibble: u8, start: usize, end: usize, out: &mut Out| {
+        let child = child_path(&path, nibble);
+        match build_fresh(ctx, child, &rest[start..end], out)? {
+            Sub::Branch(reference) => Ok(reference),
+            Sub::Short(short) => Ok(out.commit_short(child, short)),
             // A run is never empty, so neither is its subtree.
             Sub::Empty | Sub::Unchanged => {
                 Err(TrieError::Invariant("empty subtree from a non-empty run"))
@@ -767,40 +1166,31 @@ fn build_branch<S: NodeStore>(
         }
     };
 
-    let mut children: [RlpNode; 16] = std::array::from_fn(|_| RlpNode::default());
-    let mut pending: [Option<Node>; 16] = std::array::from_fn(|_| None);
+    let mut children: [Ref; 16] = std::array::from_fn(|_| Ref::Known(RlpNode::default()));
     if rest.len() >= ctx.split_at && groups.len > 1 {
-        let results: Vec<Result<(RlpNode, Node, Out), TrieError>> = groups
+        let results: Vec<Result<(Ref, Out), TrieError>> = groups
             .as_slice()
             .par_iter()
             .with_max_len(1)
             .map(|&(nibble, start, end)| {
-                let mut local = Out::default();
-                let (reference, node) = build_child(nibble, start, end, &mut local)?;
-                Ok((reference, node, local))
+                let mut local = Out::new(ctx.defer);
+                let reference = build_child(nibble, start, end, &mut local)?;
+                Ok((reference, local))
             })
             .collect();
         for (i, result) in results.into_iter().enumerate() {
-            let (reference, node, local) = result?;
-            out.merge(local);
-            children[i] = reference;
-            pending[i] = Some(node);
+            let (reference, local) = result?;
+            children[i] = merge_task(out, local, reference);
         }
     } else {
         for (i, &(nibble, start, end)) in groups.as_slice().iter().enumerate() {
-            let (reference, node) = build_child(nibble, start, end, out)?;
-            children[i] = reference;
-            pending[i] = Some(node);
+            children[i] = build_child(nibble, start, end, out)?;
         }
     }
-    // The children are written together, after their subtrees.
     let mut state_mask = TrieMask::default();
-    for (i, &(nibble, _, _)) in groups.as_slice().iter().enumerate() {
+    for &(nibble, _, _) in groups.as_slice() {
         state_mask.set_bit(nibble);
-        if let Some(node) = pending[i].take() {
-            out.write(child_path(&path, nibble), node, children[i].clone());
-        }
     }
     let node = Node::Branch { state_mask, value };
-    Ok((out.encode(&node, &children[..groups.len]), node))
+    Ok(out.finish(path, node, &children[..groups.len]))
 }

@@ -17,6 +17,7 @@
 pub mod bench;
 mod engine;
 mod error;
+mod keccak;
 mod node;
 mod raw;
 pub mod reference;

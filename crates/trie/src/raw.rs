@@ -83,8 +83,9 @@ impl<S: NodeStore> RawTrie<S> {
             store: &self.store,
             trie: TrieId::Account,
             split_at: usize::MAX,
+            defer: crate::keccak::batched(),
         };
-        let mut out = Out::default();
+        let mut out = Out::new(ctx.defer);
         let change = update_trie(&ctx, &ops, false, &mut out)?;
         let updates = TrieUpdates {
             account_nodes: out.nodes,
@@ -103,6 +104,7 @@ impl<S: NodeStore> RawTrie<S> {
             store: &self.store,
             trie: TrieId::Account,
             split_at: usize::MAX,
+            defer: false,
         };
         Ok(get_value(&ctx, &key_nibbles(key)?)?.map(|v| v.to_vec()))
     }

@@ -196,6 +196,11 @@ impl NodeUpdates {
 
     /// Adds a node write.
     pub fn push_write(&mut self, path: Nibbles, node: StoredNode) {
+        self.push_write_slot(path, node);
+    }
+
+    /// Adds a node write and says where it sits.
+    pub(crate) fn push_write_slot(&mut self, path: Nibbles, node: StoredNode) -> WriteSlot {
         // Fixed-size chunks: a batch never reallocates (and copies) a large vector, and the
         // allocator serves every chunk from memory it keeps, instead of mapping fresh pages.
         match self.writes.last_mut() {
@@ -209,6 +214,15 @@ impl NodeUpdates {
             }
         }
         self.write_count += 1;
+        WriteSlot {
+            chunk: self.writes.len() as u32 - 1,
+            index: self.writes.last().map_or(0, |c| c.len() as u32 - 1),
+        }
+    }
+
+    /// The node of an earlier write, to fill in what was not known when it was queued.
+    pub(crate) fn write_mut(&mut self, slot: WriteSlot) -> &mut StoredNode {
+        &mut self.writes[slot.chunk as usize][slot.index as usize].1
     }
 
     /// Adds a delete.
@@ -217,13 +231,23 @@ impl NodeUpdates {
     }
 
     /// Moves `other`'s writes and deletes to the end of this batch (later writes continue
-    /// in the last appended chunk, so the order of writes is kept).
-    pub(crate) fn append(&mut self, other: &mut Self) {
+    /// in the last appended chunk, so the order of writes is kept). Returns the number of
+    /// chunks before `other`'s, which a [`WriteSlot`] of `other` moves by.
+    pub(crate) fn append(&mut self, other: &mut Self) -> u32 {
+        let offset = self.writes.len() as u32;
         self.write_count += std::mem::take(&mut other.write_count);
-        self.writes
-            .extend(other.writes.drain(..).filter(|chunk| !chunk.is_empty()));
+        // Chunks are created by a push, so none is empty and slots move by `offset` exactly.
+        self.writes.append(&mut other.writes);
         self.deletes.append(&mut other.deletes);
+        offset
     }
+}
+
+/// Where one write sits in a [`NodeUpdates`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WriteSlot {
+    pub chunk: u32,
+    pub index: u32,
 }
 
 impl PartialEq for NodeUpdates {
