@@ -3,10 +3,13 @@
 //! thread pool by nibble wherever a subtree has many pending updates.
 //!
 //! Nodes never move except for extensions and leaves, whose keys depend on where they hang:
-//! a branch stays at its path whatever happens above it. A subtree's result goes back to its
-//! parent unwritten (a branch already hashed), and the parent writes all its changed children
-//! together, or merges a lone extension or leaf child into itself when deletions leave it with
-//! one child.
+//! a branch stays at its path whatever happens above it, so a changed branch is written as soon
+//! as it is finished. An extension or leaf goes back to its parent unplaced, and the parent
+//! writes it at its path, or merges a lone extension or leaf child into itself when deletions
+//! leave it with one child.
+//!
+//! Hashes may be taken later than the writes (see [`Out`]): a node's reference is then
+//! [`Ref::Pending`] until its trie, or the parallel task that built it, settles.
 
 use crate::{
     error::TrieError,
@@ -172,8 +175,9 @@ pub(crate) struct Out {
     scratch: Pooled,
 }
 
-/// Spare [`Scratch`] buffers a thread keeps. With two, most of a parallel update's tasks grew
-/// fresh buffers every block (reallocations and page faults in the profile).
+/// Spare [`Scratch`] buffers a thread keeps (most are a small task's few kilobytes). With two,
+/// most of a parallel update's tasks grew fresh buffers every block (reallocations and page
+/// faults in the profile).
 const SPARES_PER_THREAD: usize = 64;
 
 /// A [`Scratch`] that goes back to its thread's spares when dropped.
