@@ -291,14 +291,7 @@ impl Out {
             self.rlp.clear();
             node.encode(refs, &mut self.rlp);
             let reference = rlp_node_counted(&self.rlp, &mut self.keccak_calls);
-            self.nodes.push_write(
-                path,
-                StoredNode {
-                    node,
-                    reference: reference.clone(),
-                },
-            );
-            return Ref::Known(reference);
+            return self.write_known(path, node, reference);
         }
         let scratch = &mut self.scratch.0;
         let start = scratch.bytes.len();
@@ -308,14 +301,7 @@ impl Out {
             // Shorter than a hash, so no child of it is hashed: it is final now.
             let reference = RlpNode::from_raw(&scratch.bytes[start..]).unwrap_or_default();
             scratch.bytes.truncate(start);
-            self.nodes.push_write(
-                path,
-                StoredNode {
-                    node,
-                    reference: reference.clone(),
-                },
-            );
-            return Ref::Known(reference);
+            return self.write_known(path, node, reference);
         }
         let first_patch = scratch.patches.len() as u32;
         if any_pending {
@@ -373,6 +359,17 @@ impl Out {
             patches: (first_patch, scratch.patches.len() as u32),
         });
         Ref::Pending(scratch.pending.len() as u32 - 1)
+    }
+
+    fn write_known(&mut self, path: Nibbles, node: Node, reference: RlpNode) -> Ref {
+        self.nodes.push_write(
+            path,
+            StoredNode {
+                node,
+                reference: reference.clone(),
+            },
+        );
+        Ref::Known(reference)
     }
 
     /// Encodes an extension or leaf, queues it for writing at `path`, and returns its reference.
@@ -468,8 +465,7 @@ impl Out {
             let stored = self.nodes.write_mut(p.write);
             stored.reference = RlpNode::word_rlp(hash);
             if let Node::Extension { child, .. } = &mut stored.node
-                && let Some(patch) = patches.get(p.patches.0 as usize)
-                && p.patches.0 < p.patches.1
+                && let Some(patch) = patches[p.patches.0 as usize..p.patches.1 as usize].first()
             {
                 *child = RlpNode::word_rlp(&hashes[patch.child as usize]);
             }
