@@ -496,16 +496,22 @@ impl Out {
 }
 
 /// Pending nodes a parallel task hands back unresolved, for its caller to hash with its
-/// siblings'; a task with more resolves them itself, on its own thread.
-const RESOLVE_IN_TASK: usize = 256;
+/// siblings'; a task with more resolves them itself, on its own thread. Unit tests use a
+/// small value so that their small tries take both paths.
+const RESOLVE_IN_TASK: usize = if cfg!(test) { 4 } else { 256 };
 
-/// A parallel task's result, settled if large, then merged into the caller's output.
-fn merge_task<T: HasRefs>(out: &mut Out, mut local: Out, value: T) -> T {
-    let value = if local.pending_count() >= RESOLVE_IN_TASK {
+/// Ends a parallel task on its own thread: hashes its pending nodes there if they are many,
+/// so that large tasks' hashing runs side by side instead of in the caller's merge loop.
+fn end_task<T: HasRefs>(local: &mut Out, value: T) -> T {
+    if local.pending_count() >= RESOLVE_IN_TASK {
         local.settle(value)
     } else {
         value
-    };
+    }
+}
+
+/// Merges a task's output (ended by [`end_task`]) into the caller's.
+fn merge_task<T: HasRefs>(out: &mut Out, local: Out, value: T) -> T {
     let offset = out.merge(local);
     value.map_refs(|r| r.shifted(offset))
 }
@@ -944,6 +950,7 @@ fn update_branch<S: NodeStore, O: LeafOp>(
                     &updates[start..end],
                     &mut local,
                 )?;
+                let sub = end_task(&mut local, sub);
                 Ok((nibble, sub, local))
             })
             .collect();
@@ -1175,6 +1182,7 @@ fn build_branch<S: NodeStore>(
             .map(|&(nibble, start, end)| {
                 let mut local = Out::new(ctx.defer);
                 let reference = build_child(nibble, start, end, &mut local)?;
+                let reference = end_task(&mut local, reference);
                 Ok((reference, local))
             })
             .collect();
