@@ -1,5 +1,5 @@
 //! Runs the trie benchmark: `cargo run --release -p overdrive-trie --example trie_bench --
-//! --accounts 100000 --blocks 10 --threads 2 [--transfers 6000] [--seed 1] [--json]`.
+//! --accounts 100000 --blocks 10 --threads 2 [--transfers 6000] [--seed 1] [--no-pin] [--json]`.
 
 use overdrive_trie::bench::{TrieBenchConfig, run};
 
@@ -22,6 +22,7 @@ fn main() {
             "--transfers" => cfg.transfers = value("--transfers") as usize,
             "--seed" => cfg.seed = value("--seed"),
             "--json" => json = true,
+            "--no-pin" => cfg.pin_workers = false,
             other => fail(&format!("unknown argument {other}")),
         }
     }

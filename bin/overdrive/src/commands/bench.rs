@@ -34,6 +34,10 @@ pub struct TrieArgs {
     /// Seed of the state and the update sets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Leave the tries' workers unpinned (by default each is pinned to its own core when
+    /// there are enough cores).
+    #[arg(long)]
+    no_pin: bool,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -123,6 +127,7 @@ fn trie(args: TrieArgs) -> eyre::Result<()> {
         threads: args.threads,
         transfers: args.transfers,
         seed: args.seed,
+        pin_workers: !args.no_pin,
     };
     let report = overdrive_trie::bench::run(&config)?;
     println!("{report}");

@@ -48,6 +48,8 @@ pub struct TrieBenchConfig {
     pub transfers: usize,
     /// Seed of the state and the blocks.
     pub seed: u64,
+    /// Pin the tries' workers to cores ([`TrieConfig::pin_workers`]).
+    pub pin_workers: bool,
 }
 
 impl Default for TrieBenchConfig {
@@ -58,6 +60,7 @@ impl Default for TrieBenchConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             transfers: 6_000,
             seed: 1,
+            pin_workers: true,
         }
     }
 }
@@ -365,8 +368,13 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     let mut world = World::new(cfg.accounts, &mut rng);
     let genesis = world.genesis();
 
-    let mut serial = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(1))?;
-    let mut parallel = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(cfg.threads))?;
+    let config = |threads| TrieConfig {
+        threads,
+        pin_workers: cfg.pin_workers,
+        ..TrieConfig::default()
+    };
+    let mut serial = StateTrie::new(MemNodeStore::new(), config(1))?;
+    let mut parallel = StateTrie::new(MemNodeStore::new(), config(cfg.threads))?;
     // Built on the parallel trie's pool, then the serial trie gets its own copy of the nodes.
     parallel.apply(&genesis)?;
     serial.apply(&genesis)?;
@@ -485,6 +493,7 @@ mod tests {
             threads: 2,
             transfers: 500,
             seed: 3,
+            pin_workers: true,
         };
         let report = run(&cfg).unwrap();
         assert!(report.roots_equal);

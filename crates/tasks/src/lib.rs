@@ -1,0 +1,98 @@
+//! overdrive-tasks: the worker pools the components run on.
+//!
+//! Each component that works in parallel (the state root now) owns one persistent rayon pool,
+//! started once and reused for every block. [`worker_pool`] builds it: named threads, and
+//! optionally each worker pinned to its own core ([`Pinning::Cores`]).
+//!
+//! Why pin: a pool's caller blocks while the pool works, so each block starts by waking
+//! sleeping workers, and a woken worker runs where the kernel places it. On a two-core
+//! machine the kernel was measured placing the second worker on the core of the first while
+//! the other core sat idle, and moving it only milliseconds later (2–10 ms of run-queue wait
+//! in a 5 ms block; `BENCHMARKS.md`, "Eighth round"). A worker allowed on one core only is
+//! woken on that core.
+
+use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
+
+/// Whether a pool's workers are bound to cores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pinning {
+    /// The kernel places the workers.
+    #[default]
+    Off,
+    /// Worker `i` runs only on the `i`-th core the calling thread may run on. Left off when
+    /// there are more workers than such cores, since two workers sharing a core would then
+    /// wait on each other.
+    Cores,
+}
+
+/// Starts a pool of `threads` workers (at least one) named `{name}-{i}`.
+///
+/// Pinning is best effort: a worker that cannot be bound (an unsupported platform, a
+/// sandbox that forbids it) runs unbound, and the pool works the same.
+pub fn worker_pool(
+    name: &str,
+    threads: usize,
+    pinning: Pinning,
+) -> Result<ThreadPool, ThreadPoolBuildError> {
+    let threads = threads.max(1);
+    let cores = match pinning {
+        Pinning::Off => None,
+        Pinning::Cores => pin_cores(threads),
+    };
+    let name = name.to_string();
+    ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("{name}-{i}"))
+        .start_handler(move |i| {
+            if let Some(core) = cores.as_ref().and_then(|cores| cores.get(i))
+                && !core_affinity::set_for_current(*core)
+            {
+                tracing::debug!(worker = i, core = core.id, "could not pin worker");
+            }
+        })
+        .build()
+}
+
+/// The cores `threads` pinned workers take, in order, or `None` when they cannot each have
+/// their own.
+fn pin_cores(threads: usize) -> Option<Vec<core_affinity::CoreId>> {
+    let cores = core_affinity::get_core_ids()?;
+    (threads <= cores.len()).then(|| cores.into_iter().take(threads).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_run_work_with_and_without_pinning() {
+        for pinning in [Pinning::Off, Pinning::Cores] {
+            let pool = worker_pool("test-pool", 2, pinning).unwrap();
+            assert_eq!(pool.current_num_threads(), 2);
+            let sum: u64 = pool.install(|| {
+                use rayon::prelude::*;
+                (0..10_000u64).into_par_iter().sum()
+            });
+            assert_eq!(sum, 49_995_000);
+            let name = pool.install(|| std::thread::current().name().map(str::to_string));
+            assert!(name.is_some_and(|n| n.starts_with("test-pool-")));
+        }
+    }
+
+    #[test]
+    fn pinned_workers_each_get_their_own_allowed_core() {
+        let Some(allowed) = core_affinity::get_core_ids() else {
+            return; // No affinity support here: nothing to check.
+        };
+        let threads = allowed.len().min(2);
+        let cores = pin_cores(threads).expect("as many workers as cores");
+        let mut ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+        ids.dedup();
+        assert_eq!(ids.len(), threads);
+        assert!(ids.iter().all(|id| allowed.iter().any(|a| a.id == *id)));
+        assert!(pin_cores(allowed.len() + 1).is_none());
+        // A pool that cannot pin still starts.
+        let pool = worker_pool("oversubscribed", allowed.len() + 1, Pinning::Cores).unwrap();
+        assert_eq!(pool.current_num_threads(), allowed.len() + 1);
+    }
+}
