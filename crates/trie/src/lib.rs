@@ -3,8 +3,9 @@
 //! - [`StateTrie`]: the account trie and every storage trie kept node by node in a
 //!   [`NodeStore`] (by path; [`MemNodeStore`] in memory). Each block's [`HashedPostState`] is
 //!   applied top-down, re-encoding and re-hashing only the nodes on changed paths, with all
-//!   storage tries and then the account trie spread over a persistent worker pool and split by
-//!   nibble wherever a subtree has many updates. The output is the new root plus the node
+//!   storage tries and then the account trie spread over a persistent worker pool (each worker
+//!   pinned to its own core by default: [`TrieConfig::pin_workers`]) and split by nibble
+//!   wherever a subtree has many updates. The output is the new root plus the node
 //!   writes and deletes to persist ([`TrieUpdates`]).
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
 //!   its children's stored references and only the nodes on changed paths are rewritten.
