@@ -6,10 +6,10 @@
 //!
 //! Why pin: a pool's caller blocks while the pool works, so each block starts by waking
 //! sleeping workers, and a woken worker runs where the kernel places it. On a two-core
-//! machine the kernel was measured placing the second worker on the core of the first while
-//! the other core sat idle, and moving it only milliseconds later (2–10 ms of run-queue wait
-//! in a 5 ms block; `BENCHMARKS.md`, "Eighth round"). A worker allowed on one core only is
-//! woken on that core.
+//! machine the kernel was measured queueing the second worker behind the first on one core
+//! while the other core sat idle, for milliseconds (6–11 ms of run-queue wait in blocks that
+//! take 5.5 ms when both cores work; `BENCHMARKS.md`, "Eighth round"). A worker allowed on one
+//! core only is woken on that core.
 
 use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
 
@@ -91,6 +91,13 @@ mod tests {
         assert_eq!(ids.len(), threads);
         assert!(ids.iter().all(|id| allowed.iter().any(|a| a.id == *id)));
         assert!(pin_cores(allowed.len() + 1).is_none());
+        // Each worker of a pinned pool may run on its own core only.
+        let pool = worker_pool("pinned", threads, Pinning::Cores).unwrap();
+        let masks = pool.broadcast(|_| core_affinity::get_core_ids().unwrap_or_default());
+        for (i, mask) in masks.iter().enumerate() {
+            let mask: Vec<usize> = mask.iter().map(|c| c.id).collect();
+            assert_eq!(mask, vec![ids[i]], "worker {i}");
+        }
         // A pool that cannot pin still starts.
         let pool = worker_pool("oversubscribed", allowed.len() + 1, Pinning::Cores).unwrap();
         assert_eq!(pool.current_num_threads(), allowed.len() + 1);
