@@ -1,8 +1,8 @@
 //! overdrive-tasks: the worker pools the components run on.
 //!
-//! Each component that works in parallel (the state root now) owns one persistent rayon pool,
-//! started once and reused for every block. [`worker_pool`] builds it: named threads, and
-//! optionally each worker pinned to its own core ([`Pinning::Cores`]).
+//! Each component that works in parallel (the executor, the state root) owns one persistent
+//! rayon pool, started once and reused for every block. [`worker_pool`] builds it: named
+//! threads, and optionally each worker pinned to its own core ([`Pinning::Cores`]).
 //!
 //! Why pin: a pool's caller blocks while the pool works, so each block starts by waking
 //! sleeping workers, and a woken worker runs where the kernel places it. On a two-core

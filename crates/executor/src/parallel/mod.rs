@@ -40,6 +40,7 @@ use commit::Committer;
 use mv::MvMemory;
 use overdrive_primitives::EthereumHardforks;
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use overdrive_tasks::{Pinning, worker_pool};
 use revm::{database::State, primitives::hardfork::SpecId};
 use sched::{COMMITTED, Scheduler};
 use spec::{NewCode, SpecRun, SpecShared, Speculator};
@@ -123,10 +124,10 @@ impl ParallelExecutor {
     pub fn new(config: ParallelConfig) -> Self {
         let pool = (config.threads > 1)
             .then(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(config.threads - 1)
-                    .thread_name(|i| format!("overdrive-exec-{i}"))
-                    .build()
+                // Unpinned: the committer is the calling thread and works while the pool
+                // thread does, so a block never waits on a second wake-up (pinning the two
+                // was measured: no change; BENCHMARKS.md, the trie's eighth round).
+                worker_pool("overdrive-exec", config.threads - 1, Pinning::Off)
                     .inspect_err(|e| tracing::warn!(%e, "parallel executor runs sequentially"))
                     .ok()
             })
