@@ -12,10 +12,10 @@
 //!   Changed nodes are hashed in batches, height by height, eight per pass where the CPU has
 //!   AVX-512 (`keccak` module; [`TrieConfig::batch_hashing`]).
 //! - [`RawTrie`]: the same engine over raw keys of any length (the ethereum/tests vectors).
-//! - [`reference`]: the root by a full alloy-trie `HashBuilder` build, the definition the
-//!   trie is tested against.
-//! - [`bench`]: the `overdrive bench trie` workload and its comparison with a full rebuild
-//!   and a reth-style incremental root.
+//! - [`reference`](mod@reference): the root by a full alloy-trie `HashBuilder` build, the
+//!   definition the trie is tested against.
+//! - [`bench`](mod@bench): the `overdrive bench trie` workload and its comparison with a full
+//!   rebuild and a reth-style incremental root.
 
 pub mod bench;
 mod engine;

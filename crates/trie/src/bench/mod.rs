@@ -8,9 +8,9 @@
 //!
 //! - (a) `full_rebuild`: alloy-trie `HashBuilder` over every leaf of the token storage and of
 //!   the account trie.
-//! - (b) `reth_style`: a serial incremental root over stored branch nodes (see
-//!   [`reth_style`]), storage trie then account trie, including the update of its stored
-//!   nodes. Its inputs are laid out as reth keeps them: sorted hashed accounts without storage
+//! - (b) `reth_style`: a serial incremental root over stored branch nodes (the `reth_style`
+//!   module), storage trie then account trie, including the update of its stored nodes. Its
+//!   inputs are laid out as reth keeps them: sorted hashed accounts without storage
 //!   roots, sorted hashed slots, and contract storage roots looked up for every account leaf it
 //!   re-hashes. Writing the new leaf values into the sorted maps is not timed (reth's hashing
 //!   stages do that before its merkle stage).
