@@ -15,13 +15,21 @@ use overdrive_tasks::{Pinning, worker_pool};
 use rayon::{ThreadPool, prelude::*};
 use std::{cmp::Reverse, sync::Arc};
 
+/// Tasks per worker that a trie's updates are cut into, at most: enough for work stealing to
+/// even out uneven subtrees, few enough that each task is worth what it costs to start and
+/// merge. Measured on two threads against cutting every subtree of 64 updates or more
+/// (`BENCHMARKS.md`, trie, eighth round): median (d) 5.70 vs 6.37 ms at 10k, 15.80 vs 16.51 at
+/// 100k; no change at 1M.
+const TASKS_PER_THREAD: usize = 4;
+
 /// Settings of a [`StateTrie`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrieConfig {
     /// Worker threads of the trie's pool. 1 runs everything on one thread with no splitting.
     pub threads: usize,
     /// A subtree with at least this many pending updates hands its children to the pool, at
-    /// the root and at any depth below it.
+    /// the root and at any depth below it — or with more, where this is less than a quarter of
+    /// a worker's share of its trie's updates (see `TASKS_PER_THREAD`).
     pub parallel_threshold: usize,
     /// Hash a block's changed nodes in batches, eight per pass where the CPU has AVX-512
     /// (see the `keccak` module); on by default exactly there. Without that CPU support
@@ -334,11 +342,6 @@ impl<S: NodeStore> StateTrie<S> {
     /// Computes the root and node changes of `diff` without writing them.
     pub fn compute(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
         let parallel = self.config.threads > 1;
-        let split_at = if parallel {
-            self.config.parallel_threshold
-        } else {
-            usize::MAX
-        };
         self.pool.install(|| {
             let mut stats = TrieStats::default();
             let mut updates = TrieUpdates::default();
@@ -350,12 +353,12 @@ impl<S: NodeStore> StateTrie<S> {
             // storage phase prepares its keys on one, and leaves less to do between the phases.
             let (results, accounts) = if parallel {
                 rayon::join(
-                    || self.storage_tries(diff, parallel, split_at),
+                    || self.storage_tries(diff, parallel),
                     || account_ops(diff, parallel),
                 )
             } else {
                 (
-                    self.storage_tries(diff, parallel, split_at),
+                    self.storage_tries(diff, parallel),
                     account_ops(diff, parallel),
                 )
             };
@@ -399,7 +402,7 @@ impl<S: NodeStore> StateTrie<S> {
             let ctx = Ctx {
                 store: &self.store,
                 trie: TrieId::Account,
-                split_at,
+                split_at: self.split_at(accounts.len()),
                 defer: self.config.batch_hashing,
             };
             let mut out = Out::new(ctx.defer);
@@ -423,13 +426,24 @@ impl<S: NodeStore> StateTrie<S> {
         })
     }
 
+    /// The number of pending updates from which a subtree of a trie with `updates` updates
+    /// hands its children to the pool: the configured threshold, or a share of the trie if
+    /// larger, so that a trie is cut into at most about [`TASKS_PER_THREAD`] tasks per worker
+    /// and no finer.
+    fn split_at(&self, updates: usize) -> usize {
+        if self.config.threads <= 1 {
+            return usize::MAX;
+        }
+        let share = updates / (self.config.threads * TASKS_PER_THREAD);
+        self.config.parallel_threshold.max(share)
+    }
+
     /// The new roots and node changes of the storage tries `diff` changes, largest first
     /// (those of deleted accounts excepted: the account trie drops them whole).
     fn storage_tries(
         &self,
         diff: &HashedPostState,
         parallel: bool,
-        split_at: usize,
     ) -> Result<Vec<StorageResult>, TrieError> {
         let mut jobs: Vec<(&B256, &HashedStorage)> = diff
             .storages
@@ -451,7 +465,7 @@ impl<S: NodeStore> StateTrie<S> {
                 let ctx = Ctx {
                     store: &self.store,
                     trie: TrieId::Storage(**address),
-                    split_at,
+                    split_at: self.split_at(slots.len()),
                     defer: self.config.batch_hashing,
                 };
                 let mut out = Out::new(ctx.defer);
@@ -1061,8 +1075,9 @@ mod tests {
         assert_nodes_match_fresh_build(&right, &right_model);
     }
 
-    /// A few thousand accounts and one large contract over several blocks, with the default
-    /// split threshold, so the recursive parallel split runs at real depth.
+    /// A few thousand accounts and one large contract over several blocks, on eight threads
+    /// with a low split threshold, so that the recursive parallel split cuts every trie two
+    /// levels deep (the split follows the threads: see `StateTrie::split_at`).
     #[test]
     fn larger_state_over_blocks() {
         use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -1084,7 +1099,12 @@ mod tests {
                 },
             );
         }
-        let mut t = StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(2)).unwrap();
+        let config = TrieConfig {
+            threads: 8,
+            parallel_threshold: 16,
+            ..TrieConfig::default()
+        };
+        let mut t = StateTrie::new(MemNodeStore::new(), config).unwrap();
         t.apply(&HashedPostState::from_state(&model)).unwrap();
         assert_eq!(t.root(), reference::state_root(&model));
         let token = Address::from_word(B256::ZERO);
@@ -1126,6 +1146,27 @@ mod tests {
             assert_eq!(out.root, reference::state_root(&model));
         }
         assert_nodes_match_fresh_build(&t, &model);
+    }
+
+    #[test]
+    fn split_follows_the_threads() {
+        let trie = |threads| {
+            StateTrie::new(
+                MemNodeStore::new(),
+                TrieConfig {
+                    threads,
+                    parallel_threshold: 64,
+                    pin_workers: false,
+                    ..TrieConfig::default()
+                },
+            )
+            .unwrap()
+        };
+        assert_eq!(trie(1).split_at(12_000), usize::MAX);
+        let two = trie(2);
+        assert_eq!(two.split_at(100), 64);
+        assert_eq!(two.split_at(12_000), 1_500);
+        assert_eq!(trie(16).split_at(12_000), 187);
     }
 
     #[test]
