@@ -500,17 +500,24 @@ impl Out {
 /// small value so that their small tries take both paths.
 const RESOLVE_IN_TASK: usize = if cfg!(test) { 4 } else { 256 };
 
-/// Ends a parallel task on its own thread: hashes its pending nodes there if they are many,
-/// so that large tasks' hashing runs side by side instead of in the caller's merge loop.
-fn end_task<T: HasRefs>(local: &mut Out, value: T) -> T {
-    if local.pending_count() >= RESOLVE_IN_TASK {
+/// Runs one parallel task into an output of its own. A task with many pending nodes hashes
+/// them before it returns, on its own thread, so that large tasks' hashing runs side by side
+/// instead of in the caller's merge loop.
+fn run_task<T: HasRefs>(
+    defer: bool,
+    task: impl FnOnce(&mut Out) -> Result<T, TrieError>,
+) -> Result<(T, Out), TrieError> {
+    let mut local = Out::new(defer);
+    let value = task(&mut local)?;
+    let value = if local.pending_count() >= RESOLVE_IN_TASK {
         local.settle(value)
     } else {
         value
-    }
+    };
+    Ok((value, local))
 }
 
-/// Merges a task's output (ended by [`end_task`]) into the caller's.
+/// Merges a task's output (from [`run_task`]) into the caller's.
 fn merge_task<T: HasRefs>(out: &mut Out, local: Out, value: T) -> T {
     let offset = out.merge(local);
     value.map_refs(|r| r.shifted(offset))
@@ -937,25 +944,19 @@ fn update_branch<S: NodeStore, O: LeafOp>(
     // Results of the children that have updates, by nibble.
     let mut results: [Option<Sub>; 16] = std::array::from_fn(|_| None);
     if updates.len() >= ctx.split_at && groups.len > 1 {
-        let outputs: Vec<Result<(u8, Sub, Out), TrieError>> = groups
+        let outputs: Vec<Result<(Sub, Out), TrieError>> = groups
             .as_slice()
             .par_iter()
             .with_max_len(1)
             .map(|&(nibble, start, end)| {
-                let mut local = Out::new(ctx.defer);
-                let sub = update_node(
-                    ctx,
-                    child_path(&path, nibble),
-                    existing(nibble),
-                    &updates[start..end],
-                    &mut local,
-                )?;
-                let sub = end_task(&mut local, sub);
-                Ok((nibble, sub, local))
+                run_task(ctx.defer, |local| {
+                    let child = child_path(&path, nibble);
+                    update_node(ctx, child, existing(nibble), &updates[start..end], local)
+                })
             })
             .collect();
-        for output in outputs {
-            let (nibble, sub, local) = output?;
+        for (&(nibble, _, _), output) in groups.as_slice().iter().zip(outputs) {
+            let (sub, local) = output?;
             results[usize::from(nibble)] = Some(merge_task(out, local, sub));
         }
     } else {
@@ -1180,10 +1181,7 @@ fn build_branch<S: NodeStore>(
             .par_iter()
             .with_max_len(1)
             .map(|&(nibble, start, end)| {
-                let mut local = Out::new(ctx.defer);
-                let reference = build_child(nibble, start, end, &mut local)?;
-                let reference = end_task(&mut local, reference);
-                Ok((reference, local))
+                run_task(ctx.defer, |local| build_child(nibble, start, end, local))
             })
             .collect();
         for (i, result) in results.into_iter().enumerate() {

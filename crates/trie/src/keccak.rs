@@ -23,14 +23,11 @@ const RATE: usize = 136;
 
 /// Whether inputs are hashed eight at a time on this machine.
 pub(crate) fn batched() -> bool {
+    // The standard library detects the features once and caches them.
     #[cfg(target_arch = "x86_64")]
     {
-        use std::sync::OnceLock;
-        static BATCHED: OnceLock<bool> = OnceLock::new();
-        *BATCHED.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-        })
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
