@@ -34,7 +34,8 @@ pub enum ExecutionError {
     /// Any other block-level failure reported by the EVM layer.
     #[error("block execution failed: {0}")]
     Other(String),
-    /// An executor's worker panicked; the block is rejected rather than the process.
+    /// Executing the block panicked (in a worker, the committer or the state reader); the
+    /// block is rejected rather than the process.
     #[error("executor worker panicked: {0}")]
     WorkerPanic(String),
 }

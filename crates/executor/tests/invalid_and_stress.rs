@@ -88,6 +88,152 @@ fn block_with_bad(
     block_of(txs, gas_limit)
 }
 
+/// A block of `n` conflicting transfers (as [`block_with_bad`] makes them) with `extra`
+/// transactions inserted at their positions (ascending), none of them consuming a nonce of
+/// the block's own senders.
+fn block_with_inserted(
+    generator: &Gen,
+    state: &MemState,
+    n: usize,
+    extra: Vec<(usize, Recovered<TxEnvelope>)>,
+) -> RecoveredBlock {
+    let base = block_with_bad(
+        generator,
+        state,
+        n,
+        usize::MAX,
+        |_, _| unreachable!(),
+        30_000_000,
+    );
+    let mut txs = base.transactions.clone();
+    for (position, tx) in extra {
+        txs.insert(position, tx);
+    }
+    block_of(txs, 30_000_000)
+}
+
+/// The transactions that make a later one invalid, or valid, come earlier in the same block:
+/// the case where a speculative execution sees a different pre-state than the exact one.
+#[test]
+fn validity_decided_inside_the_block_matches_the_sequential_executor() {
+    let (generator, mut state) = Gen::new(Fork::Prague, 78);
+    let once_rich = Key::new(78, 1_000);
+    let balance = U256::from(10u64.pow(18));
+    state.insert_account(once_rich.address, balance, 0, None, Default::default());
+    let fresh = Key::new(78, 1_001);
+    let funder = Key::new(78, 1_002);
+    state.insert_account(funder.address, balance, 0, None, Default::default());
+    state
+        .accounts
+        .get_mut(&generator.contracts[0])
+        .expect("a generated contract")
+        .info
+        .balance = balance;
+    // What is left after a transfer that keeps exactly one transfer's maximum fee.
+    let fee = U256::from(21_000u64 * 10_000);
+    let executors = [parallel(2), parallel(3), parallel(4)];
+    let n = 100;
+    for (early, late) in [(0, 1), (3, 50), (40, 41), (10, 99)] {
+        let drained = block_with_inserted(
+            &generator,
+            &state,
+            n,
+            vec![
+                (
+                    early,
+                    transfer(
+                        &once_rich,
+                        0,
+                        generator.hot,
+                        balance - fee * U256::from(2),
+                        21_000,
+                    ),
+                ),
+                (late, transfer(&once_rich, 1, generator.hot, fee, 21_000)),
+            ],
+        );
+        let funded = block_with_inserted(
+            &generator,
+            &state,
+            n,
+            vec![
+                (
+                    early,
+                    transfer(&funder, 0, fresh.address, balance / U256::from(2), 21_000),
+                ),
+                (
+                    late,
+                    transfer(&fresh, 0, generator.hot, balance / U256::from(4), 21_000),
+                ),
+            ],
+        );
+        // Funded by a contract's inner call: no hint links the two transactions, so the
+        // second is likely speculated before the first commits, on an empty account.
+        let pay = {
+            let mut input = vec![2u8];
+            input.extend_from_slice(
+                &U256::from_be_slice(fresh.address.as_slice()).to_be_bytes::<32>(),
+            );
+            input.extend_from_slice(&(balance / U256::from(2)).to_be_bytes::<32>());
+            funder.sign(TxEip1559 {
+                chain_id: CHAIN_ID,
+                nonce: 0,
+                gas_limit: 100_000,
+                max_fee_per_gas: 10_000,
+                max_priority_fee_per_gas: 3,
+                to: TxKind::Call(generator.contracts[0]),
+                value: U256::ZERO,
+                access_list: Default::default(),
+                input: input.into(),
+            })
+        };
+        let funded_inside = block_with_inserted(
+            &generator,
+            &state,
+            n,
+            vec![
+                (early, pay),
+                (
+                    late,
+                    transfer(&fresh, 0, generator.hot, balance / U256::from(4), 21_000),
+                ),
+            ],
+        );
+        let expected = SequentialExecutor.execute(&generator.spec, &drained, &state);
+        assert!(
+            expected.is_err(),
+            "drained at {early}, spent at {late}: the block should be invalid"
+        );
+        assert!(
+            SequentialExecutor
+                .execute(&generator.spec, &funded, &state)
+                .is_ok(),
+            "funded at {early}, spent at {late}: the block should be valid"
+        );
+        for executor in &executors {
+            let actual = executor.execute(&generator.spec, &drained, &state);
+            assert_eq!(actual, expected, "drained at {early}, spent at {late}");
+            for (what, block) in [
+                ("funded", &funded),
+                ("funded by a contract", &funded_inside),
+            ] {
+                let out = assert_equal(
+                    executor,
+                    &generator.spec,
+                    block,
+                    &state,
+                    &format!("{what} at {early}, spent at {late}"),
+                )
+                .expect("valid");
+                assert!(
+                    out.receipts.iter().all(|r| r.status()),
+                    "{what}: a transfer failed"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn invalid_transactions_give_the_sequential_error() {
     let (generator, mut state) = Gen::new(Fork::Prague, 77);
@@ -156,6 +302,22 @@ fn invalid_transactions_give_the_sequential_error() {
                     21_000 * n as u64 + 100_000,
                 ),
             ),
+            (
+                // Within the block's limit, above what the transactions before it left.
+                "gas above the gas the block has left",
+                block_with_bad(
+                    &generator,
+                    &state,
+                    n,
+                    bad,
+                    |k, nonce| {
+                        let limit = 21_000 * n as u64 + 100_000;
+                        let left = limit - 21_000 * bad as u64;
+                        transfer(k, nonce, generator.hot, U256::from(1), left + 1)
+                    },
+                    21_000 * n as u64 + 100_000,
+                ),
+            ),
         ];
         for (what, block) in cases {
             let expected = SequentialExecutor.execute(&generator.spec, &block, &state);
@@ -187,11 +349,7 @@ fn the_same_conflicting_block_always_gives_the_same_output() {
     let expected = SequentialExecutor
         .execute(&generator.spec, &block, &state)
         .expect("valid");
-    let rounds = if std::env::var("OVERDRIVE_SOAK").is_ok() {
-        2_000
-    } else {
-        150
-    };
+    let rounds = if common::soak() { 2_000 } else { 150 };
     for threads in [2, 3, 4, 8] {
         let executor = parallel(threads);
         for round in 0..rounds {
@@ -262,8 +420,30 @@ impl DatabaseRef for Exploding {
     }
 }
 
+/// Runs `test` on its own thread and fails if it does not finish in `limit`: a hang must fail
+/// the test rather than stall the suite.
+fn within(limit: std::time::Duration, test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        test();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(limit) {
+        Ok(()) => handle.join().expect("test thread"),
+        // The test panicked: re-raise its panic.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(handle.join().expect_err("test thread panicked"))
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("no result after {limit:?}"),
+    }
+}
+
 #[test]
 fn a_panicking_worker_rejects_the_block() {
+    within(std::time::Duration::from_secs(300), panicking_worker);
+}
+
+fn panicking_worker() {
     let (generator, state) = Gen::new(Fork::Prague, 5);
     let trap = Address::new([0x99; 20]);
     let db = Exploding {
@@ -298,6 +478,25 @@ fn a_panicking_worker_rejects_the_block() {
             30_000_000,
         );
         assert_equal(&executor, &generator.spec, &ok, &state, "after panic").expect("valid");
+    }
+    // The sequential path of the parallel executor (one thread, or a block below the
+    // thresholds) turns a panic into the same error.
+    let small = block_with_bad(
+        &generator,
+        &state,
+        3,
+        1,
+        |k, nonce| transfer(k, nonce, trap, U256::from(1), 21_000),
+        30_000_000,
+    );
+    let one_thread = overdrive_executor::ParallelExecutor::with_threads(1);
+    let below = overdrive_executor::ParallelExecutor::with_threads(2);
+    for executor in [&one_thread, &below] {
+        let result = executor.execute(&generator.spec, &small, &db);
+        assert!(
+            matches!(result, Err(ExecutionError::WorkerPanic(ref m)) if m.contains("trap")),
+            "sequential path: {result:?}"
+        );
     }
 }
 

@@ -6,12 +6,11 @@
 
 mod common;
 
-use common::{Fork, Gen, assert_equal, parallel};
+use alloy_consensus::TxEip1559;
+use alloy_primitives::{Address, Bytes, TxKind, U256};
+use common::{CHAIN_ID, Fork, Gen, assert_equal, parallel, soak};
+use overdrive_executor::{BlockExecutor, SequentialExecutor};
 use rand::Rng;
-
-fn soak() -> bool {
-    std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty())
-}
 
 /// Runs `blocks` random blocks of a chain, each through every executor, applying the
 /// reference output before the next.
@@ -100,5 +99,118 @@ fn random_large_blocks() {
         for fork in [Fork::Shanghai, Fork::Prague] {
             run_chain(fork, 1_000 + seed, 3, 400, &[2, 3]);
         }
+    }
+}
+
+/// The generator's newer cases do what the random blocks rely on: a child created with value
+/// is gone after its transaction (Cancun's rules), its CREATE2 address is then free for a
+/// lasting child in the same block, and a transaction reads the beacon root and the parent
+/// hash that this block's system calls stored.
+#[test]
+fn generated_contracts_reach_their_cases() {
+    let (mut generator, mut state) = Gen::new(Fork::Prague, 3);
+    let sink = generator.contracts[0];
+    state
+        .accounts
+        .get_mut(&sink)
+        .expect("a contract")
+        .info
+        .balance = U256::from(10u64.pow(18));
+    let template = generator.block(&state, 1);
+    let key = generator.senders[5].clone();
+    let nonce = state.accounts[&key.address].info.nonce;
+    let call = |nonce: u64, op: u8, arg0: u64| {
+        let mut input = vec![op];
+        input.extend_from_slice(&U256::from(arg0).to_be_bytes::<32>());
+        input.extend_from_slice(&U256::ZERO.to_be_bytes::<32>());
+        key.sign(TxEip1559 {
+            chain_id: CHAIN_ID,
+            nonce,
+            gas_limit: 250_000,
+            max_fee_per_gas: 10_000,
+            max_priority_fee_per_gas: 1,
+            to: TxKind::Call(sink),
+            value: U256::ZERO,
+            access_list: Default::default(),
+            input: Bytes::from(input),
+        })
+    };
+    // 15: ephemeral child at salt 1; 4: lasting child at salt 1; 16: beacon root, parent hash.
+    let txs = vec![
+        call(nonce, 15, 1),
+        call(nonce + 1, 4, 1),
+        call(nonce + 2, 16, 0),
+        call(nonce + 3, 16, 1),
+    ];
+    let mut header = template.header.clone();
+    header.base_fee_per_gas = Some(7);
+    let block = overdrive_primitives::RecoveredBlock::from_parts(
+        header,
+        txs,
+        Vec::new(),
+        template.withdrawals.clone(),
+    );
+    let out = SequentialExecutor
+        .execute(&generator.spec, &block, &state)
+        .expect("valid");
+    assert!(out.receipts.iter().all(|r| r.status()), "a call failed");
+    let slot = |address: Address, slot: u64| {
+        out.bundle
+            .account(&address)
+            .and_then(|a| a.storage.get(&U256::from(slot)))
+            .map(|s| s.present_value)
+            .unwrap_or_default()
+    };
+    let child = sink.create2(
+        alloy_primitives::B256::from(U256::from(1)),
+        alloy_primitives::keccak256(common::child_initcode()),
+    );
+    // CREATE2 returned the child's address both times: the first child was removed, so the
+    // second found the address free.
+    assert_eq!(slot(sink, 13), U256::from_be_slice(child.as_slice()));
+    assert_eq!(slot(sink, 10), U256::from_be_slice(child.as_slice()));
+    assert!(
+        out.bundle
+            .account(&child)
+            .and_then(|a| a.info.as_ref())
+            .is_some_and(|i| !i.is_empty_code_hash())
+    );
+    // The last call reads the parent hash (EIP-2935); the one before it, the beacon root.
+    assert_eq!(slot(sink, 14), U256::from(1));
+    assert_eq!(
+        slot(sink, 15),
+        U256::from_be_bytes(block.header.parent_hash.0)
+    );
+    assert_ne!(block.header.parent_hash, alloy_primitives::B256::ZERO);
+    let beacon_only = overdrive_primitives::RecoveredBlock::from_parts(
+        block.header.clone(),
+        vec![call(nonce, 16, 0)],
+        Vec::new(),
+        block.withdrawals.clone(),
+    );
+    let out = SequentialExecutor
+        .execute(&generator.spec, &beacon_only, &state)
+        .expect("valid");
+    let root = out
+        .bundle
+        .account(&sink)
+        .and_then(|a| a.storage.get(&U256::from(15)))
+        .map(|s| s.present_value);
+    assert_eq!(
+        root,
+        block
+            .header
+            .parent_beacon_block_root
+            .map(|r| U256::from_be_bytes(r.0))
+    );
+    for threads in [2, 4] {
+        assert_equal(
+            &parallel(threads),
+            &generator.spec,
+            &block,
+            &state,
+            "new ops",
+        )
+        .expect("valid");
     }
 }

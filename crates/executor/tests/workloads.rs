@@ -7,7 +7,7 @@ use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
 
 #[test]
 fn every_workload_equals_sequential() {
-    let soak = std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty());
+    let soak = common::soak();
     let seeds: &[u64] = if soak {
         &[1, 2, 3, 4, 5, 6, 7, 8]
     } else {

@@ -381,19 +381,15 @@ impl BlockExecutor for ParallelExecutor {
         block: &RecoveredBlock,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
-        match &self.pool {
+        // A panic anywhere (a state reader's, the system calls', a worker's) rejects the block
+        // on either path; the block's state is dropped with it, so nothing partial survives.
+        catch_unwind(AssertUnwindSafe(|| match &self.pool {
             Some(pool) if self.worth_parallel(block) => {
-                // A panic anywhere (system calls included) rejects the block; the committer's
-                // state is dropped with it, so nothing partial survives.
-                catch_unwind(AssertUnwindSafe(|| {
-                    self.execute_parallel(pool, spec, block, state)
-                }))
-                .unwrap_or_else(|panic| {
-                    Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref())))
-                })
+                self.execute_parallel(pool, spec, block, state)
             }
             _ => SequentialExecutor.execute(spec, block, state),
-        }
+        }))
+        .unwrap_or_else(|panic| Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref()))))
     }
 }
 

@@ -1,7 +1,8 @@
 //! Randomized blocks for differential tests: signed transactions of every type a fork allows,
 //! against small hand-assembled contracts that exercise storage, value calls, CREATE/CREATE2
 //! (with collisions), SELFDESTRUCT, transient storage, the coinbase balance, BLOCKHASH,
-//! reverts, out-of-gas loops, precompiles and logs, with heavy conflicts (hot senders, a hot
+//! reverts, out-of-gas loops, precompiles, logs, contracts destroyed in their constructor and
+//! reads of what the block's system calls wrote, with heavy conflicts (hot senders, a hot
 //! recipient, a few shared contracts and slots).
 
 #![allow(dead_code)]
@@ -96,14 +97,17 @@ const STOP: u8 = 0x00;
 const ADD: u8 = 0x01;
 const SUB: u8 = 0x03;
 const DIV: u8 = 0x04;
+const ISZERO: u8 = 0x15;
 const AND: u8 = 0x16;
 const EQ: u8 = 0x14;
 const BALANCE: u8 = 0x31;
 const CALLER: u8 = 0x33;
+const CALLVALUE: u8 = 0x34;
 const CALLDATALOAD: u8 = 0x35;
 const CODECOPY: u8 = 0x39;
 const BLOCKHASH: u8 = 0x40;
 const COINBASE: u8 = 0x41;
+const TIMESTAMP: u8 = 0x42;
 const NUMBER: u8 = 0x43;
 const SELFBALANCE: u8 = 0x47;
 const POP: u8 = 0x50;
@@ -179,10 +183,20 @@ impl Asm {
 /// Runtime of a CREATE/CREATE2 child: `SELFDESTRUCT(calldata word 0)`.
 const CHILD_RUNTIME: [u8; 4] = [0x60, 0x00, 0x35, 0xff];
 
-/// Init code of a child: stores 1 at slot 0, returns [`CHILD_RUNTIME`].
+/// Init code of a child: stores 1 at slot 0, then, when created with value, self-destructs to
+/// its creator (created and destroyed in one transaction: removed under Cancun's rules too),
+/// otherwise returns [`CHILD_RUNTIME`]. One init code for both, so that the two share CREATE2
+/// addresses: a block can destroy and re-create the same account.
 pub fn child_initcode() -> Vec<u8> {
     let mut a = Asm::default();
     a.push(1).push(0).op(SSTORE);
+    a.op(CALLVALUE)
+        .op(ISZERO)
+        .push_label("keep")
+        .op(JUMPI)
+        .op(CALLER)
+        .op(SELFDESTRUCT);
+    a.label("keep");
     a.push(u32::from_be_bytes(CHILD_RUNTIME) as u64)
         .push(0)
         .op(MSTORE);
@@ -191,7 +205,7 @@ pub fn child_initcode() -> Vec<u8> {
 }
 
 /// Operations of the kitchen-sink contract (first calldata byte).
-pub const OPS: u8 = 15;
+pub const OPS: u8 = 17;
 
 /// The kitchen-sink contract: a dispatcher on calldata byte 0 (see `OPS`), arguments in the
 /// 32-byte words after it. Uses DIV rather than SHR so pre-Constantinople forks can run the
@@ -219,6 +233,8 @@ pub fn kitchen_sink() -> Vec<u8> {
         "log",
         "drain",
         "read",
+        "ephemeral",
+        "sysread",
     ];
     for (i, name) in cases.iter().enumerate() {
         a.op(DUP1).push(i as u64).op(EQ).push_label(name).op(JUMPI);
@@ -388,6 +404,52 @@ pub fn kitchen_sink() -> Vec<u8> {
         .push(12)
         .op(SSTORE)
         .op(STOP);
+    // 15: slots[13] = CREATE2(1 wei, child init code, salt arg0): a child that destroys
+    // itself in its constructor, at the address op 4 creates a lasting child
+    a.label("ephemeral");
+    a.push(init.len() as u64)
+        .push_label("initcode")
+        .push(0)
+        .op(CODECOPY);
+    a.arg(0)
+        .push(init.len() as u64)
+        .push(0)
+        .push(1)
+        .op(CREATE2)
+        .push(13)
+        .op(SSTORE)
+        .op(STOP);
+    // 16: reads what this block's system calls wrote: the EIP-4788 beacon root of this block's
+    // timestamp (arg0 even) or the EIP-2935 hash of the parent block (arg0 odd);
+    // slots[14] = success, slots[15] = the returned word
+    let beacon = U256::from_be_slice(alloy_eips::eip4788::BEACON_ROOTS_ADDRESS.as_slice());
+    let history = U256::from_be_slice(alloy_eips::eip2935::HISTORY_STORAGE_ADDRESS.as_slice());
+    a.label("sysread")
+        .arg(0)
+        .push(1)
+        .op(AND)
+        .push_label("history")
+        .op(JUMPI);
+    a.op(TIMESTAMP).push(0).op(MSTORE);
+    a.push(32).push(0).push(32).push(0).push32(beacon);
+    a.push_label("sysread_done").op(JUMP);
+    a.label("history")
+        .push(1)
+        .op(NUMBER)
+        .op(SUB)
+        .push(0)
+        .op(MSTORE);
+    a.push(32).push(0).push(32).push(0).push32(history);
+    a.label("sysread_done")
+        .op(GAS)
+        .op(STATICCALL)
+        .push(14)
+        .op(SSTORE)
+        .push(0)
+        .op(MLOAD)
+        .push(15)
+        .op(SSTORE)
+        .op(STOP);
     a.data("initcode", &init);
     a.finish()
 }
@@ -448,6 +510,11 @@ pub struct Gen {
 }
 
 pub const CHAIN_ID: u64 = 1337;
+
+/// Whether `OVERDRIVE_SOAK` (set, not empty, not `0`) asks for the long runs.
+pub fn soak() -> bool {
+    std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty())
+}
 
 impl Gen {
     /// A generator and its genesis state.
@@ -565,7 +632,7 @@ impl Gen {
                     U256::from_be_slice(a.as_slice())
                 }
             }
-            4 => U256::from(self.rng.random_range(0..3u64)),
+            4 | 15 => U256::from(self.rng.random_range(0..3u64)),
             _ => U256::from(self.rng.random_range(0..6u64)),
         };
         let arg1 = match op {
