@@ -14,4 +14,4 @@ cargo test --workspace --locked
 # The fixtures twice: the references alone, then every overdrive component at once.
 cargo build --locked -q -p overdrive
 ./target/debug/overdrive ef-tests "$FIXTURES/BlockchainTests" --executor sequential --state-root reference
-./target/debug/overdrive ef-tests "$FIXTURES/BlockchainTests" --executor parallel --threads 2 --state-root overdrive
+./target/debug/overdrive ef-tests "$FIXTURES/BlockchainTests" --executor parallel --threads 2 --state-root overdrive --trie-threads 2

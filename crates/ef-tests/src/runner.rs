@@ -52,6 +52,10 @@ pub struct RunOptions {
     pub executor: ExecutorChoice,
     /// Trie to compute state roots with.
     pub state_root: StateRootChoice,
+    /// Workers of overdrive's trie (0 and 1: one thread, no splitting). With more, each test's
+    /// trie gets its own pool and splits every subtree with two or more changes, so that the
+    /// fixtures' small tries take the parallel paths (tasks, their merge, wipes across a split).
+    pub trie_threads: usize,
 }
 
 /// The outcome of one test.
@@ -426,7 +430,13 @@ impl Runner {
                     ));
                 }
                 (Err(why), None) => return Outcome::Failed(format!("block {i} rejected: {why}")),
-                (Err(_), Some(_)) => {}
+                // A panic is never how a block is meant to be rejected.
+                (Err(why @ Rejection::Panic(_)), Some(expected)) => {
+                    return Outcome::Failed(format!(
+                        "block {i} must be rejected ({expected}), but {why}"
+                    ));
+                }
+                (Err(Rejection::Invalid(_)), Some(_)) => {}
             }
         }
 
@@ -458,11 +468,17 @@ impl Runner {
         match self.options.state_root {
             StateRootChoice::Reference => Ok((overdrive_trie::reference::state_root(state), None)),
             StateRootChoice::Overdrive => {
-                // One single-thread pool per test: tests already run in parallel across files,
-                // and a pool shared between tests would let one test's trie job steal another's
-                // while it waits in a join, nesting them on one stack.
-                let mut trie = StateTrie::new(MemNodeStore::default(), TrieConfig::with_threads(1))
-                    .map_err(|e| e.to_string())?;
+                // One pool per test: tests already run in parallel across files, and a pool
+                // shared between tests would let one test's trie job steal another's while it
+                // waits in a join, nesting them on one stack. Unpinned: many tests' pools
+                // share the cores.
+                let config = TrieConfig {
+                    parallel_threshold: 2,
+                    pin_workers: false,
+                    ..TrieConfig::with_threads(self.options.trie_threads.max(1))
+                };
+                let mut trie =
+                    StateTrie::new(MemNodeStore::default(), config).map_err(|e| e.to_string())?;
                 let out = trie
                     .apply(&HashedPostState::from_state(state))
                     .map_err(|e| e.to_string())?;
@@ -476,7 +492,7 @@ impl Runner {
         spec: &ChainSpec,
         chain: &HashMap<B256, Imported>,
         rlp: &[u8],
-    ) -> Result<(B256, Imported), String> {
+    ) -> Result<(B256, Imported), Rejection> {
         let block = RecoveredBlock::decode(rlp).map_err(|e| e.to_string())?;
         let parent = chain
             .get(&block.header.parent_hash)
@@ -485,7 +501,10 @@ impl Runner {
         validate_body(spec, &block).map_err(|e| e.to_string())?;
         let output = self
             .execute(spec, &block, &parent.state)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e {
+                ExecutionError::WorkerPanic(_) => Rejection::Panic(e.to_string()),
+                e => Rejection::Invalid(e.to_string()),
+            })?;
         validate_post_execution(
             spec,
             &block.header,
@@ -524,6 +543,29 @@ impl Runner {
         match &self.parallel {
             None => SequentialExecutor.execute(spec, block, state),
             Some(parallel) => parallel.execute(spec, block, state),
+        }
+    }
+}
+
+/// Why a block was not imported.
+#[derive(Debug)]
+enum Rejection {
+    /// The block is invalid (what a fixture's `expectException` asks for).
+    Invalid(String),
+    /// Executing it panicked: a bug, whatever the fixture expects.
+    Panic(String),
+}
+
+impl From<String> for Rejection {
+    fn from(why: String) -> Self {
+        Self::Invalid(why)
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Invalid(why) | Self::Panic(why) => f.write_str(why),
         }
     }
 }

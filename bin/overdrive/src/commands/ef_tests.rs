@@ -33,6 +33,11 @@ pub struct EfTestsArgs {
     /// Threads of the parallel executor.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Workers of overdrive's trie. With more than one, every subtree with two or more
+    /// changes is split into parallel tasks, so that the fixtures' small tries take the
+    /// parallel paths.
+    #[arg(long = "trie-threads", default_value_t = 1)]
+    trie_threads: usize,
     /// Print every passing test too.
     #[arg(long)]
     verbose: bool,
@@ -50,6 +55,7 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
             StateRootArg::Overdrive => StateRootChoice::Overdrive,
             StateRootArg::Reference => StateRootChoice::Reference,
         },
+        trie_threads: args.trie_threads,
     };
     let started = Instant::now();
     let summary = run_paths(&args.paths, options)?;
