@@ -1148,6 +1148,228 @@ mod tests {
         assert_nodes_match_fresh_build(&t, &model);
     }
 
+    /// A state of `accounts` accounts, the first a contract with `slots` slots.
+    fn big_state(accounts: u64, slots: u64) -> MemState {
+        let mut model = MemState::default();
+        for i in 0..accounts {
+            let storage = if i == 0 {
+                (0..slots)
+                    .map(|s| (U256::from(s), U256::from(s + 1)))
+                    .collect()
+            } else {
+                HashMap::default()
+            };
+            model.accounts.insert(
+                Address::from_word(B256::from(U256::from(i))),
+                MemAccount {
+                    info: info(i, i, i == 0),
+                    storage,
+                },
+            );
+        }
+        model
+    }
+
+    /// The stored paths of `trie` that are a prefix of one of `keys`: the nodes a change of
+    /// those keys' values (and nothing else) must rewrite, and the only ones.
+    fn nodes_above(store: &MemNodeStore, trie: TrieId, keys: &BTreeSet<B256>) -> usize {
+        let keys: Vec<Nibbles> = keys.iter().map(Nibbles::unpack).collect();
+        store
+            .nodes(trie)
+            .keys()
+            .filter(|path| keys.iter().any(|key| key.starts_with(path)))
+            .count()
+    }
+
+    /// Only the changed paths are re-encoded: when values change and no key comes or goes, a
+    /// block writes exactly the stored nodes above the changed keys (a node rewritten beside
+    /// them, or one missed, fails this), split over four workers from eight updates.
+    #[test]
+    fn only_the_nodes_above_changed_keys_are_written() {
+        use rand::{Rng, SeedableRng, rngs::SmallRng};
+        let mut rng = SmallRng::seed_from_u64(11);
+        let mut model = big_state(5_000, 3_000);
+        let mut t = StateTrie::new(
+            MemNodeStore::new(),
+            TrieConfig {
+                threads: 4,
+                parallel_threshold: 8,
+                pin_workers: false,
+                ..TrieConfig::default()
+            },
+        )
+        .unwrap();
+        // More than 4,096 new keys: the first build takes the parallel build path.
+        t.apply(&HashedPostState::from_state(&model)).unwrap();
+        assert_nodes_match_fresh_build(&t, &model);
+        let token = Address::from_word(B256::ZERO);
+        let hashed_token = keccak256(token);
+        for changed in [1usize, 2, 40, 700] {
+            let mut diff = HashedPostState::default();
+            let mut account_keys = BTreeSet::new();
+            for _ in 0..changed {
+                let addr =
+                    Address::from_word(B256::from(U256::from(rng.random_range(1..5_000u64))));
+                let a = model.accounts.get_mut(&addr).unwrap();
+                a.info.balance += U256::from(1);
+                diff.accounts
+                    .insert(keccak256(addr), Some(HashedAccount::from(&a.info)));
+                account_keys.insert(keccak256(addr));
+            }
+            let mut slot_keys = BTreeSet::new();
+            let contract = model.accounts.get_mut(&token).unwrap();
+            let storage = diff.storages.entry(hashed_token).or_default();
+            for _ in 0..changed {
+                let slot = U256::from(rng.random_range(0..3_000u64));
+                let value = contract.storage[&slot] + U256::from(1);
+                contract.storage.insert(slot, value);
+                let key = keccak256(slot.to_be_bytes::<32>());
+                storage.slots.insert(key, value);
+                slot_keys.insert(key);
+            }
+            // The contract's leaf changes with its storage root.
+            account_keys.insert(hashed_token);
+            let expected_accounts = nodes_above(t.store(), TrieId::Account, &account_keys);
+            let expected_slots = nodes_above(t.store(), TrieId::Storage(hashed_token), &slot_keys);
+            let out = t.apply(&diff).unwrap();
+            check_output(&out);
+            assert_eq!(out.root, reference::state_root(&model), "{changed} changed");
+            let slots = &out.updates.storage_tries[&hashed_token].nodes;
+            assert_eq!(
+                (out.updates.account_nodes.write_count(), slots.write_count()),
+                (expected_accounts, expected_slots),
+                "{changed} changed: nodes written (accounts, slots)"
+            );
+            assert!(out.updates.account_nodes.deletes().is_empty() && slots.deletes().is_empty());
+            assert_eq!(out.stats.dirty_nodes, (expected_accounts + expected_slots) as u64);
+        }
+    }
+
+    /// Fails reads under one path, as a database store can.
+    #[derive(Clone)]
+    struct FailingStore {
+        inner: MemNodeStore,
+        trie: TrieId,
+        under: Nibbles,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("read failed")]
+    struct ReadFailed;
+
+    impl NodeStore for FailingStore {
+        type Error = ReadFailed;
+
+        fn get(
+            &self,
+            trie: TrieId,
+            path: &Nibbles,
+        ) -> Result<Option<std::borrow::Cow<'_, crate::StoredNode>>, Self::Error> {
+            if trie == self.trie && path.starts_with(&self.under) {
+                return Err(ReadFailed);
+            }
+            Ok(self
+                .inner
+                .get(trie, path)
+                .unwrap_or_else(|never| match never {})
+                .map(|n| std::borrow::Cow::Owned(n.into_owned())))
+        }
+
+        fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error> {
+            self.inner
+                .apply(updates)
+                .unwrap_or_else(|never| match never {});
+            Ok(())
+        }
+    }
+
+    /// A store error inside one of many parallel tasks, in either trie, fails the whole block
+    /// with the store's error and writes nothing; the next block, clear of the failing path,
+    /// goes on from the old root.
+    #[test]
+    fn a_store_error_in_a_parallel_task_fails_the_block_and_writes_nothing() {
+        let model = big_state(5_000, 3_000);
+        let mut built = trie(1, 64);
+        built.apply(&HashedPostState::from_state(&model)).unwrap();
+        let hashed_token = keccak256(Address::from_word(B256::ZERO));
+        for failing in [TrieId::Account, TrieId::Storage(hashed_token)] {
+            // A path two levels down that exists, in the middle of the key space.
+            let under = Nibbles::from_nibbles([0x7, 0x3]);
+            assert!(
+                built
+                    .store()
+                    .nodes(failing)
+                    .keys()
+                    .any(|p| p.starts_with(&under))
+            );
+            let store = FailingStore {
+                inner: built.store().clone(),
+                trie: failing,
+                under,
+            };
+            let config = TrieConfig {
+                threads: 4,
+                parallel_threshold: 8,
+                pin_workers: false,
+                ..TrieConfig::default()
+            };
+            let mut t = StateTrie::new(store, config).unwrap();
+            assert_eq!(t.root(), built.root());
+            let before_accounts = t.store().inner.nodes(TrieId::Account);
+            let before_slots = t.store().inner.nodes(TrieId::Storage(hashed_token));
+            let mut diff = HashedPostState::default();
+            // Only the account trie's own keys count for it, only the slots for the storage.
+            let mut touches_failing = false;
+            let mut next = model.clone();
+            // Every fifth account and slot: a thousand and six hundred updates, split four ways
+            // and deeper.
+            for i in (0..5_000u64).step_by(5) {
+                let addr = Address::from_word(B256::from(U256::from(i)));
+                let a = next.accounts.get_mut(&addr).unwrap();
+                a.info.nonce += 1;
+                diff.accounts
+                    .insert(keccak256(addr), Some(HashedAccount::from(&a.info)));
+                touches_failing |= failing == TrieId::Account
+                    && Nibbles::unpack(keccak256(addr)).starts_with(&under);
+            }
+            let storage = diff.storages.entry(hashed_token).or_default();
+            for slot in (0..3_000u64).step_by(5) {
+                let key = keccak256(U256::from(slot).to_be_bytes::<32>());
+                storage.slots.insert(key, U256::from(slot + 7));
+                touches_failing |=
+                    failing != TrieId::Account && Nibbles::unpack(key).starts_with(&under);
+            }
+            assert!(
+                touches_failing,
+                "{failing:?}: the block must reach the failing path"
+            );
+            let result = t.apply(&diff);
+            assert!(
+                matches!(result, Err(TrieError::Store(_))),
+                "{failing:?}: {result:?}"
+            );
+            assert_eq!(t.root(), built.root());
+            assert_eq!(t.store().inner.nodes(TrieId::Account), before_accounts);
+            assert_eq!(
+                t.store().inner.nodes(TrieId::Storage(hashed_token)),
+                before_slots
+            );
+            // A block that stays clear of the failing path (another first nibble) still applies.
+            let addr = (1..5_000u64)
+                .map(|i| Address::from_word(B256::from(U256::from(i))))
+                .find(|a| Nibbles::unpack(keccak256(a)).get_unchecked(0) != under.get_unchecked(0))
+                .unwrap();
+            let mut ok_model = model.clone();
+            let a = ok_model.accounts.get_mut(&addr).unwrap();
+            a.info.nonce += 1;
+            let mut diff = HashedPostState::default();
+            diff.accounts
+                .insert(keccak256(addr), Some(HashedAccount::from(&a.info)));
+            let out = t.apply(&diff).unwrap();
+            assert_eq!(out.root, reference::state_root(&ok_model));
+        }
+    }
+
     #[test]
     fn split_follows_the_threads() {
         let trie = |threads| {
