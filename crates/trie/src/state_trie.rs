@@ -608,9 +608,12 @@ mod tests {
 
     /// Applies one block's ops to the model and returns the block's diff, built the way an
     /// executor's bundle reports it: final values of touched keys, `wiped` when the account
-    /// was destroyed during the block.
+    /// was destroyed during the block. An existing account whose slots alone changed is left
+    /// out of the accounts (a storage-only change: only its storage root moves).
     fn apply_block(model: &mut MemState, ops: &[Op]) -> HashedPostState {
         let mut touched: BTreeMap<Address, (bool, BTreeSet<U256>)> = BTreeMap::new();
+        // Accounts whose nonce, balance, code or existence an op changed.
+        let mut account_changed: BTreeSet<Address> = BTreeSet::new();
         for op in ops {
             match op {
                 Op::SetAccount {
@@ -622,18 +625,23 @@ mod tests {
                     let a = model.accounts.entry(address(*addr)).or_default();
                     a.info = info(u64::from(*nonce), u64::from(*balance), *code);
                     touched.entry(address(*addr)).or_default();
+                    account_changed.insert(address(*addr));
                 }
                 Op::DeleteAccount { addr } | Op::Destroy { addr } => {
                     model.accounts.remove(&address(*addr));
                     touched.entry(address(*addr)).or_default().0 = true;
+                    account_changed.insert(address(*addr));
                 }
                 Op::SetSlot { addr, slot, value } => {
                     let a = model
                         .accounts
                         .entry(address(*addr))
-                        .or_insert_with(|| MemAccount {
-                            info: info(1, 0, true),
-                            storage: HashMap::default(),
+                        .or_insert_with(|| {
+                            account_changed.insert(address(*addr));
+                            MemAccount {
+                                info: info(1, 0, true),
+                                storage: HashMap::default(),
+                            }
                         });
                     let slot = U256::from(*slot);
                     if *value == 0 {
@@ -646,6 +654,7 @@ mod tests {
                 Op::Recreate { addr, slots } => {
                     let entry = touched.entry(address(*addr)).or_default();
                     entry.0 = true;
+                    account_changed.insert(address(*addr));
                     let a = model.accounts.entry(address(*addr)).or_default();
                     a.info = info(1, 7, true);
                     a.storage.clear();
@@ -663,8 +672,10 @@ mod tests {
                 diff.accounts.insert(hashed, None);
                 continue;
             };
-            diff.accounts
-                .insert(hashed, Some(HashedAccount::from(&account.info)));
+            if account_changed.contains(&addr) {
+                diff.accounts
+                    .insert(hashed, Some(HashedAccount::from(&account.info)));
+            }
             if wiped || !slots.is_empty() {
                 let slots = slots
                     .iter()
