@@ -633,16 +633,13 @@ mod tests {
                     account_changed.insert(address(*addr));
                 }
                 Op::SetSlot { addr, slot, value } => {
-                    let a = model
-                        .accounts
-                        .entry(address(*addr))
-                        .or_insert_with(|| {
-                            account_changed.insert(address(*addr));
-                            MemAccount {
-                                info: info(1, 0, true),
-                                storage: HashMap::default(),
-                            }
-                        });
+                    let a = model.accounts.entry(address(*addr)).or_insert_with(|| {
+                        account_changed.insert(address(*addr));
+                        MemAccount {
+                            info: info(1, 0, true),
+                            storage: HashMap::default(),
+                        }
+                    });
                     let slot = U256::from(*slot);
                     if *value == 0 {
                         a.storage.remove(&slot);
@@ -1252,7 +1249,10 @@ mod tests {
                 "{changed} changed: nodes written (accounts, slots)"
             );
             assert!(out.updates.account_nodes.deletes().is_empty() && slots.deletes().is_empty());
-            assert_eq!(out.stats.dirty_nodes, (expected_accounts + expected_slots) as u64);
+            assert_eq!(
+                out.stats.dirty_nodes,
+                (expected_accounts + expected_slots) as u64
+            );
         }
     }
 

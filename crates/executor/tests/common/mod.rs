@@ -702,7 +702,9 @@ impl Gen {
             mix_hash: B256::from(self.rng.random::<[u8; 32]>()),
             parent_beacon_block_root: (fork >= Fork::Cancun)
                 .then(|| B256::from(self.rng.random::<[u8; 32]>())),
-            excess_blob_gas: (fork >= Fork::Cancun).then_some(0),
+            // A blob base fee of 1 to 4 wei (a transaction offers 10): blob fees that are not
+            // the minimum, on every blob transaction.
+            excess_blob_gas: (fork >= Fork::Cancun).then(|| self.rng.random_range(0..5_000_000)),
             blob_gas_used: (fork >= Fork::Cancun).then_some(0),
             ..Default::default()
         };
