@@ -365,6 +365,91 @@ fn the_same_conflicting_block_always_gives_the_same_output() {
     }
 }
 
+/// A block whose first transaction runs long (a loop that burns 20 Mgas), then `n` calls of
+/// `contract` that read what this block's beacon-root system call wrote. The system call's
+/// writes are invisible to speculation, so each call speculated while the first transaction
+/// still runs fails validation: the conflicts do not depend on how the threads interleave.
+fn conflicting_block(
+    generator: &Gen,
+    state: &MemState,
+    contract: Address,
+    n: usize,
+) -> RecoveredBlock {
+    let mut nonces: Vec<u64> = generator
+        .senders
+        .iter()
+        .map(|k| state.accounts[&k.address].info.nonce)
+        .collect();
+    let txs = (0..=n)
+        .map(|i| {
+            let s = i % generator.senders.len();
+            let nonce = nonces[s];
+            nonces[s] += 1;
+            // Op 10 (loop) first, then op 16 (read the system contracts) with argument 0.
+            let (op, gas_limit) = if i == 0 {
+                (10, 20_000_000)
+            } else {
+                (16, 100_000)
+            };
+            let mut input = vec![op];
+            input.extend_from_slice(&[0u8; 64]);
+            generator.senders[s].sign(TxEip1559 {
+                chain_id: CHAIN_ID,
+                nonce,
+                gas_limit,
+                max_fee_per_gas: 10_000,
+                max_priority_fee_per_gas: 3,
+                to: TxKind::Call(contract),
+                value: U256::ZERO,
+                access_list: Default::default(),
+                input: input.into(),
+            })
+        })
+        .collect();
+    block_of(txs, 30_000_000)
+}
+
+/// Calls of a contract the hints cannot decode run unordered until they conflict; the
+/// executor then remembers the contract for `LEARNED_BLOCKS` parallel blocks, and forgets it
+/// after. Outputs equal the sequential executor's throughout.
+#[test]
+fn conflicting_calls_are_learned_and_forgotten() {
+    let (generator, state) = Gen::new(Fork::Prague, 31);
+    let contract = generator.contracts[0];
+    let block = conflicting_block(&generator, &state, contract, 100);
+    let executor = parallel(2);
+    assert!(executor.learned_conflicts().is_empty());
+    assert_equal(&executor, &generator.spec, &block, &state, "conflicting").expect("valid");
+    let stats = executor.last_stats().expect("parallel");
+    assert!(stats.exact > 1, "{stats:?}");
+    assert_eq!(executor.learned_conflicts(), [contract]);
+    // Learned: the next block chains the calls from the start.
+    assert_equal(&executor, &generator.spec, &block, &state, "learned").expect("valid");
+    // That block and the ones after, without conflicts of it, age it out.
+    let transfers = block_with_bad(
+        &generator,
+        &state,
+        40,
+        usize::MAX,
+        |_, _| unreachable!(),
+        30_000_000,
+    );
+    for _ in 2..overdrive_executor::LEARNED_BLOCKS {
+        assert_equal(&executor, &generator.spec, &transfers, &state, "transfers").expect("valid");
+        assert_eq!(executor.learned_conflicts(), [contract]);
+    }
+    assert_equal(&executor, &generator.spec, &transfers, &state, "transfers").expect("valid");
+    assert!(executor.learned_conflicts().is_empty());
+
+    // Without learning, every such contract's calls are chained and nothing is remembered.
+    let ordered = overdrive_executor::ParallelExecutor::new(overdrive_executor::ParallelConfig {
+        learn_conflicts: false,
+        ..parallel(4).config().clone()
+    });
+    assert_equal(&ordered, &generator.spec, &block, &state, "ordered").expect("valid");
+    assert!(ordered.learned_conflicts().is_empty());
+}
+
 #[test]
 fn random_thread_counts_and_thresholds() {
     let (mut generator, mut state) = Gen::new(Fork::Shanghai, 99);

@@ -305,6 +305,9 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             .validate_and_rebase(&outcome.reads, &mut exec.state)
             .is_err()
         {
+            if let Some(hints) = self.sched.hints() {
+                hints.conflict_found(k);
+            }
             let result = self.commit_exact(k, &outcome.written);
             outcome.exec = Some(exec);
             self.recycle(outcome);

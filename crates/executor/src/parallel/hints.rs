@@ -1,7 +1,14 @@
 //! Dependency hints known before execution: from each transaction's sender, recipient and
-//! value, and from the decoded calldata of ERC20 `transfer`/`transferFrom`/`approve` and Uniswap
-//! V2 `swapExactTokensForTokens`. They only steer scheduling (which transaction waits for
-//! which); a wrong or missing hint costs a re-execution, never correctness.
+//! value, from the decoded calldata of ERC20 `transfer`/`transferFrom`/`approve` and Uniswap
+//! V2 `swapExactTokensForTokens`, and from the conflicts found while executing. They only steer
+//! scheduling (which transaction waits for which); a wrong or missing hint costs a
+//! re-execution, never correctness.
+//!
+//! Calls of a contract whose calldata the hints cannot decode are not ordered by default (two
+//! users of a router rarely touch the same slots). The DAG is refined as conflicts are found:
+//! once a call of such a contract fails validation, every later call of it in the block waits
+//! for the previous one (`BlockHints::conflict_dep`), and the executor remembers the contract
+//! for the next blocks, whose hints then chain its calls from the start (`learned`).
 
 use super::mv::TxIdx;
 use alloy_consensus::{Transaction, TxEnvelope, transaction::Recovered};
@@ -9,7 +16,14 @@ use alloy_primitives::{
     Address, Bytes, TxKind, U256,
     map::{DefaultHashBuilder, HashMap},
 };
-use std::hash::BuildHasher;
+use std::{
+    hash::BuildHasher,
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+/// Contracts whose undecodable calls conflicted in recent blocks: their calls are chained from
+/// the start of a block.
+pub(crate) type Learned = alloy_primitives::map::HashSet<Address>;
 
 /// A conflict key. ERC20 slots are keyed by (token, owner[, spender]) rather than by the
 /// keccak slot the contract uses: the key only has to be equal exactly when the slot is, and
@@ -76,6 +90,41 @@ pub(crate) struct BlockHints {
     /// Contracts whose storage the block is hinted to change in at least [`MANY_SLOTS`]
     /// distinct slots, with that count: the committer sizes their storage maps up front.
     pub many_slots: Vec<(Address, usize)>,
+    /// Per transaction, a call of a contract whose calldata the hints cannot decode and whose
+    /// calls are not chained (not `learned`): the contract's index in `called`, and the
+    /// block's previous call of the same contract.
+    pub calls: Vec<Option<(u32, Option<TxIdx>)>>,
+    /// The contracts of `calls`, each with whether one of its calls has failed validation in
+    /// this block (set by the committer, read by the scheduler; it only steers, so relaxed).
+    pub called: Vec<(Address, AtomicBool)>,
+}
+
+impl BlockHints {
+    /// The dependency found while executing: the previous call of the same contract, once a
+    /// call of that contract has conflicted.
+    pub(crate) fn conflict_dep(&self, tx: TxIdx) -> Option<TxIdx> {
+        let (contract, previous) = self.calls.get(tx as usize).copied().flatten()?;
+        let (_, conflicted) = &self.called[contract as usize];
+        previous.filter(|_| conflicted.load(Ordering::Relaxed))
+    }
+
+    /// Records that `tx`'s speculative result failed validation: from now on the calls of its
+    /// contract (if it is an undecoded call) wait for each other.
+    pub(crate) fn conflict_found(&self, tx: TxIdx) {
+        if let Some((contract, _)) = self.calls.get(tx as usize).copied().flatten() {
+            self.called[contract as usize]
+                .1
+                .store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The contracts whose calls conflicted in this block.
+    pub(crate) fn conflicted(&self) -> impl Iterator<Item = Address> + '_ {
+        self.called
+            .iter()
+            .filter(|(_, conflicted)| conflicted.load(Ordering::Relaxed))
+            .map(|(contract, _)| *contract)
+    }
 }
 
 impl BlockHints {
@@ -134,13 +183,24 @@ fn sorted(a: Address, b: Address) -> (Address, Address) {
     if a <= b { (a, b) } else { (b, a) }
 }
 
-/// The keys a transaction touches, with its lazily credited recipient.
+/// The keys a transaction touches, with its lazily credited recipient. A call whose calldata
+/// cannot be decoded is keyed by its contract (chained with the block's other calls of it)
+/// when `learned` says so (`None`: always), and otherwise left for `call` to report.
 fn tx_keys(
     tx: &Recovered<TxEnvelope>,
     hot: u32,
     lazy_recipients: bool,
+    learned: Option<&Learned>,
     keys: &mut Vec<(HintKey, Mode)>,
+    call: &mut Option<Address>,
 ) -> Option<Address> {
+    let mut undecoded = |to: Address, keys: &mut Vec<(HintKey, Mode)>| {
+        if learned.is_none_or(|learned| learned.contains(&to)) {
+            keys.push((HintKey::Contract(to), Mode::Strict));
+        } else {
+            *call = Some(to);
+        }
+    };
     let sender = tx.signer();
     keys.push((HintKey::Account(sender), Mode::Strict));
     let TxKind::Call(to) = tx.kind() else {
@@ -223,9 +283,9 @@ fn tx_keys(
                     Mode::Strict,
                 ));
             }
-            _ => keys.push((HintKey::Contract(to), Mode::Strict)),
+            _ => undecoded(to, keys),
         },
-        _ => keys.push((HintKey::Contract(to), Mode::Strict)),
+        _ => undecoded(to, keys),
     }
     None
 }
@@ -337,11 +397,12 @@ impl<T: Copy> Table<T> {
 }
 
 /// Builds the hints of a block. `coinbase` never becomes a lazy recipient: its balance is
-/// handled by the deferred fee instead.
+/// handled by the deferred fee instead. `learned`: see [`tx_keys`].
 pub(crate) fn build(
     txs: &[Recovered<TxEnvelope>],
     coinbase: Address,
     lazy_recipients: bool,
+    learned: Option<&Learned>,
 ) -> BlockHints {
     let seed = DefaultHashBuilder::default();
     // Recipients of plain value transfers, counted: two or more in a block make one hot.
@@ -366,17 +427,38 @@ pub(crate) fn build(
         publish: Vec::with_capacity(txs.len()),
         longest_chain: 0,
         many_slots: Vec::new(),
+        calls: Vec::with_capacity(txs.len()),
+        called: Vec::new(),
     };
+    // Per undecoded contract: its index in `called` and its latest call so far.
+    let mut calls: HashMap<Address, (u32, TxIdx)> = HashMap::default();
     let mut keys = Vec::new();
-    for (tx, &hot) in txs.iter().zip(&hot) {
+    for (j, (tx, &hot)) in txs.iter().zip(&hot).enumerate() {
         keys.clear();
-        hints
-            .lazy_recipient
-            .push(tx_keys(tx, hot, lazy_recipients, &mut keys));
+        let mut call = None;
+        hints.lazy_recipient.push(tx_keys(
+            tx,
+            hot,
+            lazy_recipients,
+            learned,
+            &mut keys,
+            &mut call,
+        ));
         hints.publish.push(
-            keys.iter()
-                .any(|(key, mode)| *mode == Mode::Additive || matches!(key, HintKey::Contract(_))),
+            call.is_some()
+                || keys.iter().any(|(key, mode)| {
+                    *mode == Mode::Additive || matches!(key, HintKey::Contract(_))
+                }),
         );
+        hints.calls.push(call.map(|to| {
+            let (index, latest) = calls.entry(to).or_insert_with(|| {
+                hints.called.push((to, AtomicBool::new(false)));
+                (hints.called.len() as u32 - 1, TxIdx::MAX)
+            });
+            let previous = (*latest != TxIdx::MAX).then_some(*latest);
+            *latest = j as TxIdx;
+            (*index, previous)
+        }));
         hashed.extend(keys.iter().map(|(key, mode)| {
             let contract = key.slot_of().map_or(NOT_A_SLOT, |contract| {
                 *contract_index.entry(contract).or_insert_with(|| {
@@ -457,9 +539,14 @@ mod tests {
             let j = j as TxIdx;
             let hot = short_call(tx).and_then(|to| transfers.get(&to).copied());
             let mut keys = Vec::new();
-            hints
-                .lazy_recipient
-                .push(tx_keys(tx, hot.unwrap_or(0), lazy, &mut keys));
+            hints.lazy_recipient.push(tx_keys(
+                tx,
+                hot.unwrap_or(0),
+                lazy,
+                None,
+                &mut keys,
+                &mut None,
+            ));
             hints.publish.push(
                 keys.iter()
                     .any(|(k, m)| *m == Mode::Additive || matches!(k, HintKey::Contract(_))),
@@ -493,6 +580,69 @@ mod tests {
         hints
     }
 
+    /// A legacy call from `sender` (signature not checked: hints only read the sender).
+    fn call(sender: u8, to: Address, input: Vec<u8>) -> Recovered<TxEnvelope> {
+        let tx = alloy_consensus::TxLegacy {
+            to: TxKind::Call(to),
+            value: U256::ZERO,
+            input: input.into(),
+            gas_limit: 100_000,
+            ..Default::default()
+        };
+        let signed = alloy_consensus::Signed::new_unhashed(
+            tx,
+            alloy_primitives::Signature::test_signature(),
+        );
+        Recovered::new_unchecked(TxEnvelope::Legacy(signed), Address::repeat_byte(sender))
+    }
+
+    /// Undecoded calls run unordered until one conflicts; then the rest of the block's calls
+    /// of that contract wait for each other. A learned contract is chained from the start.
+    #[test]
+    fn undecoded_calls_are_chained_once_they_conflict() {
+        let (router, other) = (Address::repeat_byte(0xaa), Address::repeat_byte(0xbb));
+        let txs = vec![
+            call(1, router, vec![1, 2, 3, 4]),
+            call(2, other, vec![1, 2, 3, 4]),
+            call(3, router, vec![9, 9, 9, 9, 9]),
+            call(4, Address::repeat_byte(9), Vec::new()),
+            call(5, router, vec![1, 2, 3, 4]),
+        ];
+        let hints = build(&txs, Address::ZERO, true, Some(&Learned::default()));
+        assert!(hints.deps.iter().all(Vec::is_empty), "{:?}", hints.deps);
+        assert_eq!(
+            hints.calls,
+            [
+                Some((0, None)),
+                Some((1, None)),
+                Some((0, Some(0))),
+                None,
+                Some((0, Some(2)))
+            ]
+        );
+        assert_eq!(hints.longest_chain, 1);
+        assert!((0..5).all(|j| hints.conflict_dep(j).is_none()));
+        assert_eq!(hints.publish, [true, true, true, false, true]);
+        // The second call of the router fails validation.
+        hints.conflict_found(2);
+        let found: Vec<_> = (0..5).map(|j| hints.conflict_dep(j)).collect();
+        assert_eq!(found, [None, None, Some(0), None, Some(2)]);
+        assert_eq!(hints.conflicted().collect::<Vec<_>>(), [router]);
+        // A plain transfer's failure teaches nothing.
+        hints.conflict_found(3);
+        assert_eq!(hints.conflicted().count(), 1);
+
+        // Learned: chained by the hints themselves, like every call without learning.
+        let learned = Learned::from_iter([router]);
+        for learned in [Some(&learned), None] {
+            let hints = build(&txs, Address::ZERO, true, learned);
+            assert_eq!(hints.deps[2], [0]);
+            assert_eq!(hints.deps[4], [2]);
+            assert_eq!(hints.calls[0], None);
+            assert_eq!(hints.longest_chain, 3);
+        }
+    }
+
     #[test]
     fn equal_to_the_definition_on_every_workload() {
         for kind in WorkloadKind::ALL {
@@ -511,7 +661,7 @@ mod tests {
                 let block = &workload.blocks[0];
                 for lazy in [true, false] {
                     let coinbase = block.header.beneficiary;
-                    let ours = build(&block.transactions, coinbase, lazy);
+                    let ours = build(&block.transactions, coinbase, lazy, None);
                     let expected = reference(&block.transactions, coinbase, lazy);
                     let what = format!("{kind} seed {seed} lazy {lazy}");
                     assert_eq!(ours.deps, expected.deps, "{what}");

@@ -36,6 +36,7 @@ use alloy_evm::{
     block::BlockExecutor as _,
     eth::{EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder},
 };
+use alloy_primitives::{Address, map::HashMap};
 use commit::Committer;
 use mv::MvMemory;
 use overdrive_primitives::EthereumHardforks;
@@ -92,7 +93,20 @@ pub struct ParallelConfig {
     /// Execute a block whose hinted dependencies form one chain over more than half of its
     /// transactions on the committer alone, without speculation.
     pub chain_fallback: bool,
+    /// Order the calls of a contract whose calldata the hints cannot decode only once they
+    /// conflict (in the block, and for [`LEARNED_BLOCKS`] blocks after); `false` orders every
+    /// such contract's calls from the start.
+    pub learn_conflicts: bool,
 }
+
+/// How many parallel blocks a contract whose calls conflicted keeps its calls chained from
+/// the start of a block. After that they run unordered again until they conflict again: a
+/// contract that stopped conflicting is not serialized forever.
+pub const LEARNED_BLOCKS: u32 = 16;
+
+/// At most this many contracts are remembered (a block's newly conflicting contracts beyond it
+/// are learned within their block only).
+const MAX_LEARNED: usize = 4096;
 
 impl Default for ParallelConfig {
     fn default() -> Self {
@@ -103,6 +117,7 @@ impl Default for ParallelConfig {
             lazy_coinbase: true,
             lazy_recipients: true,
             chain_fallback: true,
+            learn_conflicts: true,
         }
     }
 }
@@ -117,6 +132,10 @@ pub struct ParallelExecutor {
     pool: Option<rayon::ThreadPool>,
     /// Statistics of the last parallel block (for benchmarks and tests).
     last_stats: Mutex<Option<CommitStats>>,
+    /// Contracts whose undecoded calls conflicted lately, with how many more parallel blocks
+    /// their calls stay chained (see [`LEARNED_BLOCKS`]). Read when a block starts, updated
+    /// when it ends.
+    learned: Mutex<HashMap<Address, u32>>,
 }
 
 impl ParallelExecutor {
@@ -136,6 +155,7 @@ impl ParallelExecutor {
             config,
             pool,
             last_stats: Mutex::new(None),
+            learned: Mutex::new(HashMap::default()),
         }
     }
 
@@ -154,10 +174,30 @@ impl ParallelExecutor {
 
     /// What the committer did on the last block executed in parallel.
     pub fn last_stats(&self) -> Option<CommitStats> {
-        *self
-            .last_stats
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *lock(&self.last_stats)
+    }
+
+    /// The contracts whose calls the next block chains from its start, because they
+    /// conflicted in one of the last [`LEARNED_BLOCKS`] parallel blocks.
+    pub fn learned_conflicts(&self) -> Vec<Address> {
+        let mut learned: Vec<Address> = lock(&self.learned).keys().copied().collect();
+        learned.sort_unstable();
+        learned
+    }
+
+    /// Ages what was learned by one block and adds the contracts whose calls conflicted in
+    /// `hints`' block.
+    fn learn(&self, hints: Option<&hints::BlockHints>) {
+        let mut learned = lock(&self.learned);
+        learned.retain(|_, left| {
+            *left -= 1;
+            *left > 0
+        });
+        for contract in hints.into_iter().flat_map(|h| h.conflicted()) {
+            if learned.len() < MAX_LEARNED || learned.contains_key(&contract) {
+                learned.insert(contract, LEARNED_BLOCKS);
+            }
+        }
     }
 
     /// Whether `block` is large enough for the parallel path to pay for its set-up.
@@ -180,11 +220,15 @@ impl ParallelExecutor {
         // Before Spurious Dragon a touched empty account survives, and the rebase of a lazily
         // paid fee assumes post-EIP-161 semantics; such old blocks pay the fee eagerly.
         let lazy_ok = env.cfg_env.spec.is_enabled_in(SpecId::SPURIOUS_DRAGON);
-        let hint_job = HintJob {
+        let mut hint_job = Some(HintJob {
             coinbase,
             lazy_recipients: self.config.lazy_recipients && lazy_ok,
             chain_fallback: self.config.chain_fallback,
-        };
+            learned: self
+                .config
+                .learn_conflicts
+                .then(|| lock(&self.learned).keys().copied().collect()),
+        });
 
         let mut state = State::builder()
             .with_database_ref(db)
@@ -222,12 +266,12 @@ impl ParallelExecutor {
         let mut stats = None;
         let recycler = recycle::Recycler::default();
         let committed = pool.in_place_scope(|scope| {
-            for w in 0..workers {
+            for _ in 0..workers {
                 let (sched, shared, env, recycler) = (&sched, &shared, env.clone(), &recycler);
-                // The first worker builds the hints while the committer runs the system calls
-                // and starts executing the first transactions exactly: both cores are busy from
-                // the start.
-                let hint_job = (w == 0).then_some(hint_job);
+                // The first worker (the only one to find the job) builds the hints while the
+                // committer runs the system calls and starts executing the first transactions
+                // exactly: both cores are busy from the start.
+                let hint_job = hint_job.take();
                 scope.spawn(move |_| {
                     let run = catch_unwind(AssertUnwindSafe(|| {
                         worker(sched, shared, block, env, hint_job, recycler);
@@ -274,14 +318,14 @@ impl ParallelExecutor {
         if let Some(message) = sched.panic_message() {
             return Err(ExecutionError::WorkerPanic(message));
         }
+        if self.config.learn_conflicts {
+            self.learn(sched.hints());
+        }
         committed?;
         let finishing = std::time::Instant::now();
         let result = executor.apply_post_execution_changes()?;
         let (bundle, transitions) = merge::merge_and_take(pool, &mut state);
-        *self
-            .last_stats
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = stats.map(|s| CommitStats {
+        *lock(&self.last_stats) = stats.map(|s| CommitStats {
             finish_ns: finishing.elapsed().as_nanos() as u64,
             ..s
         });
@@ -300,11 +344,21 @@ impl ParallelExecutor {
 }
 
 /// What the hint-building worker needs besides the block.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct HintJob {
-    coinbase: alloy_primitives::Address,
+    coinbase: Address,
     lazy_recipients: bool,
     chain_fallback: bool,
+    /// Contracts whose undecoded calls are chained from the start (`None`: all of them).
+    learned: Option<hints::Learned>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The data behind these locks is only statistics and scheduling memory; a panic while one
+    // was held leaves nothing inconsistent that a block could depend on.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A pool thread's loop for one block: take a transaction, execute it speculatively, publish
@@ -319,7 +373,12 @@ fn worker<DB: StateReader>(
     recycler: &recycle::Recycler,
 ) {
     if let Some(job) = hint_job {
-        let hints = hints::build(&block.transactions, job.coinbase, job.lazy_recipients);
+        let hints = hints::build(
+            &block.transactions,
+            job.coinbase,
+            job.lazy_recipients,
+            job.learned.as_ref(),
+        );
         // A block that is mostly one chain gains nothing from speculation on any number of
         // threads, while speculating it costs a re-execution per link: leave it to the
         // committer alone.

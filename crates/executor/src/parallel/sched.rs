@@ -160,10 +160,12 @@ impl Scheduler {
         lock(&self.panic).clone()
     }
 
-    /// True when every hinted dependency of `tx` has finished; otherwise parks `tx` on an
+    /// True when every hinted dependency of `tx` (those known before execution and the one
+    /// found since, see `BlockHints::conflict_dep`) has finished; otherwise parks `tx` on an
     /// unfinished one and returns false.
     fn deps_ready_or_park(&self, hints: &BlockHints, tx: TxIdx) -> bool {
-        for &dep in &hints.deps[tx as usize] {
+        let known = hints.deps[tx as usize].iter().copied();
+        for dep in known.chain(hints.conflict_dep(tx)) {
             if self.status(dep) >= DONE {
                 continue;
             }
