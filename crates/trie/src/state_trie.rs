@@ -690,27 +690,73 @@ mod tests {
     }
 
     /// A store with only the required methods, as a database store might start: the trie
-    /// must work through the trait's default `get_children`.
+    /// must work through the trait's default `get_children`. It keeps nodes as the bytes a
+    /// database would (`StoredNode::to_bytes`) and replays each block's updates strictly: a
+    /// delete of a node that is not there is an error, so the updates alone must carry a store
+    /// from block to block.
     #[derive(Clone, Default)]
-    struct MinimalStore(MemNodeStore);
+    struct MinimalStore(BTreeMap<(TrieId, Nibbles), Vec<u8>>);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("replay: {0}")]
+    struct ReplayError(String);
+
+    impl MinimalStore {
+        fn nodes(&self, trie: TrieId) -> BTreeMap<Nibbles, crate::StoredNode> {
+            self.0
+                .iter()
+                .filter(|((t, _), _)| *t == trie)
+                .map(|((_, path), bytes)| (*path, crate::StoredNode::from_bytes(bytes).unwrap()))
+                .collect()
+        }
+
+        fn tries(&self) -> BTreeSet<TrieId> {
+            self.0.keys().map(|(trie, _)| *trie).collect()
+        }
+
+        fn replay(&mut self, trie: TrieId, nodes: &NodeUpdates) -> Result<(), ReplayError> {
+            for path in nodes.deletes() {
+                if self.0.remove(&(trie, *path)).is_none() {
+                    return Err(ReplayError(format!(
+                        "delete of absent {path:?} in {trie:?}"
+                    )));
+                }
+            }
+            for (path, node) in nodes.writes() {
+                self.0.insert((trie, *path), node.to_bytes());
+            }
+            Ok(())
+        }
+    }
 
     impl NodeStore for MinimalStore {
-        type Error = std::convert::Infallible;
+        type Error = ReplayError;
 
         fn get(
             &self,
             trie: TrieId,
             path: &Nibbles,
         ) -> Result<Option<std::borrow::Cow<'_, crate::StoredNode>>, Self::Error> {
-            // Owned copies, as a store decoding bytes would return.
-            Ok(self
-                .0
-                .get(trie, path)?
-                .map(|n| std::borrow::Cow::Owned(n.into_owned())))
+            self.0
+                .get(&(trie, *path))
+                .map(|bytes| {
+                    crate::StoredNode::from_bytes(bytes)
+                        .map(std::borrow::Cow::Owned)
+                        .map_err(|e| ReplayError(e.to_string()))
+                })
+                .transpose()
         }
 
         fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error> {
-            self.0.apply(updates)
+            self.replay(TrieId::Account, &updates.account_nodes)?;
+            for (owner, storage) in &updates.storage_tries {
+                let trie = TrieId::Storage(*owner);
+                if storage.wiped {
+                    self.0.retain(|(t, _), _| *t != trie);
+                }
+                self.replay(trie, &storage.nodes)?;
+            }
+            Ok(())
         }
     }
 
@@ -845,11 +891,16 @@ mod tests {
                     prop_assert_eq!(a.stats.keccak_calls, other.stats.keccak_calls);
                 }
             }
-            prop_assert_eq!(minimal.store().0.nodes(TrieId::Account), serial.store().nodes(TrieId::Account));
+            prop_assert_eq!(minimal.store().nodes(TrieId::Account), serial.store().nodes(TrieId::Account));
+            let storage_tries: BTreeSet<TrieId> = serial.store().storage_owners().into_iter().map(TrieId::Storage).collect();
+            let mut minimal_tries = minimal.store().tries();
+            minimal_tries.remove(&TrieId::Account);
+            prop_assert_eq!(&minimal_tries, &storage_tries);
             for owner in serial.store().storage_owners() {
                 let id = TrieId::Storage(owner);
                 prop_assert_eq!(serial_batched.store().nodes(id), serial.store().nodes(id));
                 prop_assert_eq!(parallel.store().nodes(id), serial.store().nodes(id));
+                prop_assert_eq!(minimal.store().nodes(id), serial.store().nodes(id));
             }
             prop_assert_eq!(serial_batched.store().nodes(TrieId::Account), serial.store().nodes(TrieId::Account));
             prop_assert_eq!(parallel.store().nodes(TrieId::Account), serial.store().nodes(TrieId::Account));
