@@ -105,7 +105,7 @@ fn random_large_blocks() {
 /// The generator's newer cases do what the random blocks rely on: a child created with value
 /// is gone after its transaction (Cancun's rules), its CREATE2 address is then free for a
 /// lasting child in the same block, and a transaction reads the beacon root and the parent
-/// hash that this block's system calls stored.
+/// hash that this block's system calls stored; the sponsor's own authorizations take.
 #[test]
 fn generated_contracts_reach_their_cases() {
     let (mut generator, mut state) = Gen::new(Fork::Prague, 3);
@@ -213,4 +213,19 @@ fn generated_contracts_reach_their_cases() {
         )
         .expect("valid");
     }
+
+    // The sponsor's own authorizations take: it ends up delegated to the kitchen sink.
+    let (mut generator, mut state) = Gen::new(Fork::Prague, 4);
+    for _ in 0..6 {
+        let block = generator.block(&state, 60);
+        let out = SequentialExecutor
+            .execute(&generator.spec, &block, &state)
+            .expect("valid");
+        state.apply_bundle(&out.bundle);
+        state.block_hashes.insert(block.number(), block.hash);
+    }
+    let sponsor = &state.accounts[&generator.sponsor.address].info;
+    let mut designator = vec![0xef, 0x01, 0x00];
+    designator.extend_from_slice(generator.contracts[1].as_slice());
+    assert_eq!(sponsor.code_hash, alloy_primitives::keccak256(&designator));
 }

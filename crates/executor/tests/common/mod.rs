@@ -2,7 +2,8 @@
 //! against small hand-assembled contracts that exercise storage, value calls, CREATE/CREATE2
 //! (with collisions), SELFDESTRUCT, transient storage, the coinbase balance, BLOCKHASH,
 //! reverts, out-of-gas loops, precompiles, logs, contracts destroyed in their constructor and
-//! reads of what the block's system calls wrote, with heavy conflicts (hot senders, a hot
+//! reads of what the block's system calls wrote, an account sponsoring its own EIP-7702
+//! authorization, with heavy conflicts (hot senders, a hot
 //! recipient, a few shared contracts and slots).
 
 #![allow(dead_code)]
@@ -500,6 +501,10 @@ pub struct Gen {
     pub spec: ChainSpec,
     pub senders: Vec<Key>,
     pub authorities: Vec<Key>,
+    /// An account that, from Prague, sends its own transactions with its own EIP-7702
+    /// authorization in them (and plain ones). Never in another transaction's authorization
+    /// list, so the generator knows its nonce.
+    pub sponsor: Key,
     pub contracts: Vec<Address>,
     pub hot: Address,
     pub ghost: Address,
@@ -523,9 +528,10 @@ impl Gen {
         let spec = fork.spec();
         let senders: Vec<Key> = (0..24).map(|i| Key::new(seed, i)).collect();
         let authorities: Vec<Key> = (100..104).map(|i| Key::new(seed, i)).collect();
+        let sponsor = Key::new(seed, 200);
         let mut state = MemState::default();
         let funds = U256::from(10u128.pow(24));
-        for k in senders.iter().chain(&authorities) {
+        for k in senders.iter().chain(&authorities).chain([&sponsor]) {
             state.insert_account(k.address, funds, 0, None, HashMap::default());
         }
         let sink = Bytecode::new_raw(Bytes::from(kitchen_sink()));
@@ -595,6 +601,7 @@ impl Gen {
             spec,
             senders,
             authorities,
+            sponsor,
             contracts,
             hot,
             ghost,
@@ -665,6 +672,20 @@ impl Gen {
         let mut transactions = Vec::with_capacity(txs);
         let hot_senders = 3;
         for _ in 0..txs {
+            if fork >= Fork::Prague && self.rng.random_bool(0.08) {
+                let key = self.sponsor.clone();
+                let nonce = *nonces.entry(key.address).or_insert_with(|| {
+                    state.accounts.get(&key.address).map_or(0, |a| a.info.nonce)
+                });
+                let (tx, used) = if self.rng.random_bool(0.5) {
+                    (self.self_sponsored(&key, nonce, base_fee, coinbase), 2)
+                } else {
+                    (self.tx(&key, nonce, base_fee, coinbase), 1)
+                };
+                nonces.insert(key.address, nonce + used);
+                transactions.push(tx);
+                continue;
+            }
             let key = if self.rng.random_bool(0.4) {
                 self.senders[self.rng.random_range(0..hot_senders)].clone()
             } else {
@@ -709,6 +730,49 @@ impl Gen {
             ..Default::default()
         };
         RecoveredBlock::from_parts(header, transactions, Vec::new(), withdrawals)
+    }
+
+    /// A type-4 transaction of `key` that carries its own authorization (nonce + 1: the
+    /// sender's nonce is bumped before authorizations are applied) delegating to the
+    /// kitchen sink, and calls itself with a kitchen-sink operation that keeps its balance.
+    /// The sender's nonce goes up by two.
+    fn self_sponsored(
+        &mut self,
+        key: &Key,
+        nonce: u64,
+        base_fee: Option<u64>,
+        coinbase: Address,
+    ) -> Recovered<TxEnvelope> {
+        let auth = Authorization {
+            chain_id: U256::from(CHAIN_ID),
+            address: self.contracts[1],
+            nonce: nonce + 1,
+        };
+        let sig = key.sign_hash(auth.signature_hash());
+        // Not 5 (self-destruct) or 13 (drain): either would send the sender's whole balance
+        // away and leave its next transaction unable to pay; not 3, 4 or 15 (a CREATE bumps
+        // the sender's nonce, which the generator tracks); not 10 (spins out of gas).
+        let (mut input, gas) = self.call_data(coinbase);
+        if matches!(input[0], 3 | 4 | 5 | 10 | 13 | 15) {
+            input = {
+                let mut v = input.to_vec();
+                v[0] = 0;
+                v.into()
+            };
+        }
+        let tip = 1;
+        key.sign(TxEip7702 {
+            chain_id: CHAIN_ID,
+            nonce,
+            gas_limit: gas + 50_000,
+            max_fee_per_gas: base_fee.unwrap_or(0) as u128 * 2 + tip + 1,
+            max_priority_fee_per_gas: tip,
+            to: key.address,
+            value: U256::ZERO,
+            access_list: Default::default(),
+            authorization_list: vec![auth.into_signed(sig)],
+            input,
+        })
     }
 
     fn tx(
