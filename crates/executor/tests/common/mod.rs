@@ -3,8 +3,8 @@
 //! (with collisions), SELFDESTRUCT, transient storage, the coinbase balance, BLOCKHASH,
 //! reverts, out-of-gas loops, precompiles, logs, contracts destroyed in their constructor and
 //! reads of what the block's system calls wrote, an account sponsoring its own EIP-7702
-//! authorization, with heavy conflicts (hot senders, a hot
-//! recipient, a few shared contracts and slots).
+//! authorization, with heavy conflicts (hot senders, a hot recipient, a few shared contracts
+//! and slots).
 
 #![allow(dead_code)]
 
