@@ -125,9 +125,7 @@ impl BlockHints {
             .filter(|(_, conflicted)| conflicted.load(Ordering::Relaxed))
             .map(|(contract, _)| *contract)
     }
-}
 
-impl BlockHints {
     /// Records the next transaction's (`j`'s) dependencies — the earlier transactions it found
     /// on its keys, in any order and with repeats — with its chain depth in `depth` (one entry
     /// per transaction recorded so far), and marks each transaction it waits for as publishing.
