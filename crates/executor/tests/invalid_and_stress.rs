@@ -129,7 +129,8 @@ fn validity_decided_inside_the_block_matches_the_sequential_executor() {
         .expect("a generated contract")
         .info
         .balance = balance;
-    // What is left after a transfer that keeps exactly one transfer's maximum fee.
+    // One transfer's maximum fee (gas limit at the maximum fee per gas). The draining transfer
+    // leaves less than twice that, which the later one needs for its value and its fee.
     let fee = U256::from(21_000u64 * 10_000);
     let executors = [parallel(2), parallel(3), parallel(4)];
     let n = 100;
