@@ -338,14 +338,7 @@ fn invalid_transactions_give_the_sequential_error() {
 fn the_same_conflicting_block_always_gives_the_same_output() {
     let (mut generator, mut state) = Gen::new(Fork::Cancun, 4242);
     // Let a few blocks create and destroy things first.
-    for _ in 0..3 {
-        let block = generator.block(&state, 40);
-        let out = SequentialExecutor
-            .execute(&generator.spec, &block, &state)
-            .expect("valid");
-        state.apply_bundle(&out.bundle);
-        state.block_hashes.insert(block.number(), block.hash);
-    }
+    generator.advance(&mut state, 3, 40);
     let block = generator.block(&state, 150);
     let expected = SequentialExecutor
         .execute(&generator.spec, &block, &state)

@@ -216,14 +216,7 @@ fn generated_contracts_reach_their_cases() {
 
     // The sponsor's own authorizations take: it ends up delegated to the kitchen sink.
     let (mut generator, mut state) = Gen::new(Fork::Prague, 4);
-    for _ in 0..6 {
-        let block = generator.block(&state, 60);
-        let out = SequentialExecutor
-            .execute(&generator.spec, &block, &state)
-            .expect("valid");
-        state.apply_bundle(&out.bundle);
-        state.block_hashes.insert(block.number(), block.hash);
-    }
+    generator.advance(&mut state, 6, 60);
     let sponsor = &state.accounts[&generator.sponsor.address].info;
     let mut designator = vec![0xef, 0x01, 0x00];
     designator.extend_from_slice(generator.contracts[1].as_slice());

@@ -1141,23 +1141,7 @@ mod tests {
     fn larger_state_over_blocks() {
         use rand::{Rng, SeedableRng, rngs::SmallRng};
         let mut rng = SmallRng::seed_from_u64(7);
-        let mut model = MemState::default();
-        for i in 0..3000u64 {
-            let storage = if i == 0 {
-                (0..2000u64)
-                    .map(|s| (U256::from(s), U256::from(s + 1)))
-                    .collect()
-            } else {
-                HashMap::default()
-            };
-            model.accounts.insert(
-                Address::from_word(B256::from(U256::from(i))),
-                MemAccount {
-                    info: info(i, i, i == 0),
-                    storage,
-                },
-            );
-        }
+        let mut model = big_state(3_000, 2_000);
         let config = TrieConfig {
             threads: 8,
             parallel_threshold: 16,
@@ -1207,6 +1191,16 @@ mod tests {
         assert_nodes_match_fresh_build(&t, &model);
     }
 
+    /// `threads` unpinned workers (tests run side by side) splitting from `threshold` updates.
+    fn unpinned(threads: usize, threshold: usize) -> TrieConfig {
+        TrieConfig {
+            threads,
+            parallel_threshold: threshold,
+            pin_workers: false,
+            ..TrieConfig::default()
+        }
+    }
+
     /// A state of `accounts` accounts, the first a contract with `slots` slots.
     fn big_state(accounts: u64, slots: u64) -> MemState {
         let mut model = MemState::default();
@@ -1248,16 +1242,7 @@ mod tests {
         use rand::{Rng, SeedableRng, rngs::SmallRng};
         let mut rng = SmallRng::seed_from_u64(11);
         let mut model = big_state(5_000, 3_000);
-        let mut t = StateTrie::new(
-            MemNodeStore::new(),
-            TrieConfig {
-                threads: 4,
-                parallel_threshold: 8,
-                pin_workers: false,
-                ..TrieConfig::default()
-            },
-        )
-        .unwrap();
+        let mut t = StateTrie::new(MemNodeStore::new(), unpinned(4, 8)).unwrap();
         // More than 4,096 new keys: the first build takes the parallel build path.
         t.apply(&HashedPostState::from_state(&model)).unwrap();
         assert_nodes_match_fresh_build(&t, &model);
@@ -1369,13 +1354,7 @@ mod tests {
                 trie: failing,
                 under,
             };
-            let config = TrieConfig {
-                threads: 4,
-                parallel_threshold: 8,
-                pin_workers: false,
-                ..TrieConfig::default()
-            };
-            let mut t = StateTrie::new(store, config).unwrap();
+            let mut t = StateTrie::new(store, unpinned(4, 8)).unwrap();
             assert_eq!(t.root(), built.root());
             let before_accounts = t.store().inner.nodes(TrieId::Account);
             let before_slots = t.store().inner.nodes(TrieId::Storage(hashed_token));
@@ -1434,18 +1413,7 @@ mod tests {
 
     #[test]
     fn split_follows_the_threads() {
-        let trie = |threads| {
-            StateTrie::new(
-                MemNodeStore::new(),
-                TrieConfig {
-                    threads,
-                    parallel_threshold: 64,
-                    pin_workers: false,
-                    ..TrieConfig::default()
-                },
-            )
-            .unwrap()
-        };
+        let trie = |threads| StateTrie::new(MemNodeStore::new(), unpinned(threads, 64)).unwrap();
         assert_eq!(trie(1).split_at(12_000), usize::MAX);
         let two = trie(2);
         assert_eq!(two.split_at(100), 64);

@@ -43,7 +43,7 @@ use overdrive_primitives::EthereumHardforks;
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
 use overdrive_tasks::{Pinning, worker_pool};
 use revm::{database::State, primitives::hardfork::SpecId};
-use sched::{COMMITTED, Scheduler};
+use sched::{COMMITTED, Scheduler, lock};
 use spec::{NewCode, SpecRun, SpecShared, Speculator};
 use std::{
     panic::{AssertUnwindSafe, catch_unwind},
@@ -351,14 +351,6 @@ struct HintJob {
     chain_fallback: bool,
     /// Contracts whose undecoded calls are chained from the start (`None`: all of them).
     learned: Option<hints::Learned>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The data behind these locks is only statistics and scheduling memory; a panic while one
-    // was held leaves nothing inconsistent that a block could depend on.
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A pool thread's loop for one block: take a transaction, execute it speculatively, publish

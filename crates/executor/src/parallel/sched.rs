@@ -30,9 +30,10 @@ pub(crate) const COMMITTED: u8 = 3;
 /// transaction costs more than it commits.
 const WAKE_BATCH: usize = 16;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Poisoning means a thread panicked; the block is being aborted and the data is only read
-    // to wind down.
+/// Locks `m`, poisoned or not. Poisoning means a thread panicked: the block is being aborted
+/// and the data is only read to wind down, or it is statistics and scheduling memory (the
+/// executor's), which steer and never decide an output.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -289,18 +289,7 @@ pub fn kitchen_sink() -> Vec<u8> {
         .op(STOP);
     // 4: slots[10] = CREATE2(0, child init code, salt arg0)
     a.label("create2");
-    a.push(init.len() as u64)
-        .push_label("initcode")
-        .push(0)
-        .op(CODECOPY);
-    a.arg(0)
-        .push(init.len() as u64)
-        .push(0)
-        .push(0)
-        .op(CREATE2)
-        .push(10)
-        .op(SSTORE)
-        .op(STOP);
+    create2_child(&mut a, init.len(), 0, 10);
     // 5: SELFDESTRUCT(arg0)
     a.label("destruct").arg(0).op(SELFDESTRUCT);
     // 6: tstore(0, arg0); slots[5] = tload(0) + tload(1)
@@ -408,18 +397,7 @@ pub fn kitchen_sink() -> Vec<u8> {
     // 15: slots[13] = CREATE2(1 wei, child init code, salt arg0): a child that destroys
     // itself in its constructor, at the address op 4 creates a lasting child
     a.label("ephemeral");
-    a.push(init.len() as u64)
-        .push_label("initcode")
-        .push(0)
-        .op(CODECOPY);
-    a.arg(0)
-        .push(init.len() as u64)
-        .push(0)
-        .push(1)
-        .op(CREATE2)
-        .push(13)
-        .op(SSTORE)
-        .op(STOP);
+    create2_child(&mut a, init.len(), 1, 13);
     // 16: reads what this block's system calls wrote: the EIP-4788 beacon root of this block's
     // timestamp (arg0 even) or the EIP-2935 hash of the parent block (arg0 odd);
     // slots[14] = success, slots[15] = the returned word
@@ -453,6 +431,22 @@ pub fn kitchen_sink() -> Vec<u8> {
         .op(STOP);
     a.data("initcode", &init);
     a.finish()
+}
+
+/// `slots[slot] = CREATE2(value, child init code, salt arg0)`, then STOP.
+fn create2_child(a: &mut Asm, init_len: usize, value: u64, slot: u64) {
+    a.push(init_len as u64)
+        .push_label("initcode")
+        .push(0)
+        .op(CODECOPY);
+    a.arg(0)
+        .push(init_len as u64)
+        .push(0)
+        .push(value)
+        .op(CREATE2)
+        .push(slot)
+        .op(SSTORE)
+        .op(STOP);
 }
 
 /// An account with a key.
@@ -653,6 +647,19 @@ impl Gen {
         data.extend_from_slice(&self.word(arg1));
         let gas = if op == 10 { 120_000 } else { 250_000 };
         (data.into(), gas)
+    }
+
+    /// Runs `blocks` random blocks of `txs` transactions through the sequential executor,
+    /// applying each to `state`: a chain's history before the block a test looks at.
+    pub fn advance(&mut self, state: &mut MemState, blocks: usize, txs: usize) {
+        for _ in 0..blocks {
+            let block = self.block(state, txs);
+            let out = SequentialExecutor
+                .execute(&self.spec, &block, state)
+                .expect("valid");
+            state.apply_bundle(&out.bundle);
+            state.block_hashes.insert(block.number(), block.hash);
+        }
     }
 
     /// A random block of `txs` transactions on top of `state`.
