@@ -65,6 +65,11 @@ pub mod erc20 {
         transferCall { to, value }.abi_encode().into()
     }
 
+    /// Calldata of `transferFrom(from, to, value)`.
+    pub fn encode_transfer_from(from: Address, to: Address, value: U256) -> Bytes {
+        transferFromCall { from, to, value }.abi_encode().into()
+    }
+
     /// Calldata of `approve(spender, value)`.
     pub fn encode_approve(spender: Address, value: U256) -> Bytes {
         approveCall { spender, value }.abi_encode().into()
@@ -84,6 +89,18 @@ pub mod erc20 {
     pub fn decode_transfer(input: &[u8]) -> Option<(Address, U256)> {
         let call = transferCall::abi_decode(input).ok()?;
         Some((call.to, call.value))
+    }
+
+    /// `(from, to, value)` of `transferFrom` calldata, `None` for any other input.
+    pub fn decode_transfer_from(input: &[u8]) -> Option<(Address, Address, U256)> {
+        let call = transferFromCall::abi_decode(input).ok()?;
+        Some((call.from, call.to, call.value))
+    }
+
+    /// `(spender, value)` of `approve` calldata, `None` for any other input.
+    pub fn decode_approve(input: &[u8]) -> Option<(Address, U256)> {
+        let call = approveCall::abi_decode(input).ok()?;
+        Some((call.spender, call.value))
     }
 }
 

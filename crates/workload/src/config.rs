@@ -16,16 +16,21 @@ pub enum WorkloadKind {
     /// ERC20 transfers where each transaction's sender is the previous one's recipient, so
     /// the block is one dependency chain.
     Chained,
+    /// ERC20 allowances on the main token: holders `approve` a spender, and each spender later
+    /// (in the same block or a later one) moves exactly that amount with `transferFrom`, so a
+    /// spend depends on its approval through the allowance slot alone.
+    Allowance,
 }
 
 impl WorkloadKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Transfer,
         Self::Erc20,
         Self::Uniswap,
         Self::Hybrid,
         Self::Chained,
+        Self::Allowance,
     ];
 
     /// The name `FromStr` accepts and `Display` prints.
@@ -36,11 +41,15 @@ impl WorkloadKind {
             Self::Uniswap => "uniswap",
             Self::Hybrid => "hybrid",
             Self::Chained => "chained",
+            Self::Allowance => "allowance",
         }
     }
 
     pub(crate) const fn needs_token(self) -> bool {
-        matches!(self, Self::Erc20 | Self::Hybrid | Self::Chained)
+        matches!(
+            self,
+            Self::Erc20 | Self::Hybrid | Self::Chained | Self::Allowance
+        )
     }
 
     pub(crate) const fn needs_uniswap(self) -> bool {

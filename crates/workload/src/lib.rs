@@ -31,7 +31,7 @@ pub use error::WorkloadError;
 pub use genesis::{PairInfo, UniswapDeployment};
 pub use keys::{deployer_key, private_key};
 pub use workload::{
-    BASE_FEE, BLOCK_TIME, COINBASE, Contracts, ERC20_GAS, HOT_ACCOUNT, HOT_SENDERS,
+    ALLOWANCE_GAS, BASE_FEE, BLOCK_TIME, COINBASE, Contracts, ERC20_GAS, HOT_ACCOUNT, HOT_SENDERS,
     MAX_FEE_PER_GAS, MAX_PRIORITY_FEE_PER_GAS, MIN_BLOCK_GAS_LIMIT, SWAP_GAS, TRANSFER_GAS,
     Workload, generate, generate_with_artifacts,
 };

@@ -57,6 +57,11 @@ pub(crate) enum Action {
     Eth { to: u32, value: U256 },
     /// `transfer(account to, amount)` on the main token.
     Erc20 { to: u32, amount: U256 },
+    /// `approve(account spender, amount)` on the main token.
+    Approve { spender: u32, amount: U256 },
+    /// `transferFrom(account from, account to, amount)` on the main token, sent by a spender
+    /// that `from` approved for exactly `amount` earlier.
+    TransferFrom { from: u32, to: u32, amount: U256 },
     /// Swap `amount_in` of the pair's token0 (or token1) for the other one, to the sender.
     Swap {
         pair: u32,
@@ -130,6 +135,8 @@ pub(crate) fn plan(cfg: &WorkloadConfig) -> Vec<Vec<PlannedTx>> {
     let mut holder = senders.cold[0];
     let hot = HOT_ACCOUNT as u32;
     let pairs = cfg.pairs as u64;
+    // Allowance: approvals not spent yet, as (owner, spender, amount).
+    let mut open: Vec<(u32, u32, U256)> = Vec::new();
 
     let mut blocks = Vec::with_capacity(cfg.blocks);
     for _ in 0..cfg.blocks {
@@ -175,6 +182,7 @@ pub(crate) fn plan(cfg: &WorkloadConfig) -> Vec<Vec<PlannedTx>> {
                         },
                     )
                 }
+                WorkloadKind::Allowance => allowance(&mut rng, &mut senders, n, &mut open),
                 WorkloadKind::Hybrid => {
                     let sender = senders.pick(&mut rng);
                     let is_hot = rng.chance(cfg.hot_share);
@@ -216,6 +224,41 @@ pub(crate) fn plan(cfg: &WorkloadConfig) -> Vec<Vec<PlannedTx>> {
         blocks.push(txs);
     }
     blocks
+}
+
+/// Allowance: the next transaction. Half approve, half spend an open approval (`open`: not
+/// spent yet, as (owner, spender, amount)) picked at random, so some spends follow their
+/// approval inside a block and others blocks later.
+fn allowance(
+    rng: &mut Rng,
+    senders: &mut Senders,
+    accounts: usize,
+    open: &mut Vec<(u32, u32, U256)>,
+) -> (u32, Action) {
+    let spend = |rng: &mut Rng, open: &mut Vec<(u32, u32, U256)>, i: usize| {
+        let (from, spender, amount) = open.swap_remove(i);
+        let to = recipient(rng, accounts, &[from]);
+        (spender, Action::TransferFrom { from, to, amount })
+    };
+    if !open.is_empty() && rng.below(2) == 0 {
+        let i = rng.below(open.len() as u64) as usize;
+        return spend(rng, open, i);
+    }
+    let owner = senders.pick(rng);
+    let spender = recipient(rng, accounts, &[owner]);
+    match open
+        .iter()
+        .position(|&(o, s, _)| (o, s) == (owner, spender))
+    {
+        // A second approval of the pair would overwrite the open one (approve sets the
+        // allowance, it does not add to it): spend that one instead.
+        Some(i) => spend(rng, open, i),
+        None => {
+            let amount = rng.between(TOKEN_AMOUNT.0, TOKEN_AMOUNT.1);
+            open.push((owner, spender, amount));
+            (owner, Action::Approve { spender, amount })
+        }
+    }
 }
 
 fn swap(rng: &mut Rng, pair: u32) -> Action {

@@ -110,12 +110,19 @@ fn total_eth(state: &MemState) -> U256 {
     state.accounts.values().map(|a| a.info.balance).sum()
 }
 
-/// What the blocks must do, computed without an EVM: ETH moves and fees, ERC20 transfers,
-/// and Uniswap V2 swaps by the constant-product formula with the 0.3% fee.
+/// What the blocks must do, computed without an EVM: ETH moves and fees, ERC20 transfers and
+/// allowances, and Uniswap V2 swaps by the constant-product formula with the 0.3% fee.
 #[derive(Default)]
 struct Model {
     eth: HashMap<Address, U256>,
     tokens: HashMap<(Address, Address), U256>,
+    /// (token, owner, spender) -> allowance, for the allowances the blocks set or spent.
+    allowances: HashMap<(Address, Address, Address), U256>,
+    /// `transferFrom` calls, and those that spent an approval of the same block.
+    spends: usize,
+    spends_in_block: usize,
+    /// Timestamp of the block that set each allowance.
+    approved_at: HashMap<(Address, Address, Address), u64>,
     reserves: HashMap<Address, (U256, U256)>,
     burnt: U256,
     swaps_per_pair: HashMap<Address, usize>,
@@ -155,6 +162,40 @@ impl Model {
         *self.token_mut(genesis, token, to) += amount;
     }
 
+    /// `transfer`, `approve` or `transferFrom` (which must stay within the allowance; the
+    /// generator never approves `U256::MAX`, which OpenZeppelin would not decrement).
+    fn token_call(
+        &mut self,
+        genesis: &MemState,
+        timestamp: u64,
+        token: Address,
+        sender: Address,
+        input: &[u8],
+    ) {
+        if let Some((recipient, amount)) = erc20::decode_transfer(input) {
+            self.move_tokens(genesis, token, sender, recipient, amount);
+        } else if let Some((spender, amount)) = erc20::decode_approve(input) {
+            self.allowances.insert((token, sender, spender), amount);
+            self.approved_at.insert((token, sender, spender), timestamp);
+        } else if let Some((from, recipient, amount)) = erc20::decode_transfer_from(input) {
+            let key = (token, from, sender);
+            let allowance = self
+                .allowances
+                .entry(key)
+                .or_insert_with(|| storage(genesis, token, erc20::allowance_slot(from, sender)));
+            assert!(
+                *allowance >= amount,
+                "model: {sender} spends {amount} of {from}'s {token} above its allowance"
+            );
+            *allowance -= amount;
+            self.spends += 1;
+            self.spends_in_block += usize::from(self.approved_at.get(&key) == Some(&timestamp));
+            self.move_tokens(genesis, token, from, recipient, amount);
+        } else {
+            panic!("unexpected call of token {token}: {input:?}");
+        }
+    }
+
     fn apply(
         &mut self,
         w: &Workload,
@@ -174,9 +215,7 @@ impl Model {
         self.burnt += gas * base_fee;
 
         if Some(to) == w.contracts.token {
-            let (recipient, amount) =
-                erc20::decode_transfer(tx.input()).expect("token call is a transfer");
-            self.move_tokens(g, to, sender, recipient, amount);
+            self.token_call(g, timestamp, to, sender, tx.input());
         } else if let Some(uni) = w.contracts.uniswap.as_ref().filter(|u| u.router == to) {
             let swap = uniswap::decode_swap(tx.input()).expect("router call is a swap");
             let pair = uniswap::pair_address(uni.factory, swap.token_in, swap.token_out);
@@ -251,6 +290,13 @@ fn execute_and_check(w: &Workload) -> (MemState, Model) {
             "{token} balance of {holder}"
         );
     }
+    for ((token, owner, spender), expected) in &model.allowances {
+        assert_eq!(
+            storage(&state, *token, erc20::allowance_slot(*owner, *spender)),
+            *expected,
+            "{token} allowance of {spender} over {owner}'s balance"
+        );
+    }
     for (pair, (r0, r1)) in &model.reserves {
         let (s0, s1, timestamp) =
             uniswap::decode_reserves(storage(&state, *pair, uniswap::RESERVES_SLOT));
@@ -261,13 +307,17 @@ fn execute_and_check(w: &Workload) -> (MemState, Model) {
             "blockTimestampLast of {pair}"
         );
     }
-    check_token_supplies(w, &state);
+    let allowances = model
+        .allowances
+        .keys()
+        .map(|(_, owner, spender)| erc20::allowance_slot(*owner, *spender));
+    check_token_supplies(w, &state, allowances);
     (state, model)
 }
 
-/// For every ERC20: each non-zero storage slot is a known balance, allowance or metadata
-/// slot, and the balances sum to `totalSupply`.
-fn check_token_supplies(w: &Workload, state: &MemState) {
+/// For every ERC20: each non-zero storage slot is a known balance, allowance (the router's, or
+/// one of `allowances` the blocks set) or metadata slot, and the balances sum to `totalSupply`.
+fn check_token_supplies(w: &Workload, state: &MemState, allowances: impl Iterator<Item = U256>) {
     let mut holders: Vec<Address> = w.accounts.clone();
     holders.push(w.contracts.deployer);
     let mut tokens: Vec<Address> = w.contracts.token.into_iter().collect();
@@ -284,6 +334,7 @@ fn check_token_supplies(w: &Workload, state: &MemState) {
     let allowance_slots: HashSet<U256> = holders
         .iter()
         .flat_map(|h| spenders.iter().map(move |s| erc20::allowance_slot(*h, *s)))
+        .chain(allowances)
         .collect();
     let metadata = [erc20::TOTAL_SUPPLY_SLOT, U256::from(3u8), U256::from(4u8)];
     for token in tokens {
@@ -512,6 +563,41 @@ fn erc20_transfers_execute_and_balances_add_up() {
     let (_, model) = execute_and_check(&w);
     let moved = model.tokens.keys().filter(|(t, _)| *t == token).count();
     assert!(moved >= 100, "only {moved} balances changed");
+}
+
+#[test]
+fn allowances_are_approved_then_spent_exactly() {
+    let w = gen_ok(&WorkloadConfig {
+        txs_per_block: 300,
+        ..config(WorkloadKind::Allowance)
+    });
+    let token = w.contracts.token.unwrap();
+    let txs: Vec<_> = w.blocks.iter().flat_map(|b| &b.transactions).collect();
+    assert!(txs.iter().all(|tx| tx.to() == Some(token)));
+    let approvals = txs
+        .iter()
+        .filter(|tx| erc20::decode_approve(tx.input()).is_some())
+        .count();
+    let (_, model) = execute_and_check(&w);
+    // The model checked each spend against its allowance; here, the mix is what the kind
+    // promises: half approvals, spends both inside the approving block and in later ones,
+    // and every spent allowance back at zero.
+    assert_eq!(approvals + model.spends, txs.len());
+    assert!(
+        (250..=350).contains(&approvals),
+        "{approvals} approvals of 600"
+    );
+    assert!(
+        model.spends_in_block >= 50,
+        "{} spends in the approving block",
+        model.spends_in_block
+    );
+    assert!(
+        model.spends - model.spends_in_block >= 5,
+        "no spend of an earlier block's approval"
+    );
+    let open = model.allowances.values().filter(|a| !a.is_zero()).count();
+    assert_eq!(open, approvals - model.spends);
 }
 
 #[test]

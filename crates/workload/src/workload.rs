@@ -37,6 +37,9 @@ pub const TRANSFER_GAS: u64 = 21_000;
 /// Gas limit of an ERC20 `transfer` (it uses ~35k to ~52k, depending on whether the
 /// recipient's balance slot was zero).
 pub const ERC20_GAS: u64 = 80_000;
+/// Gas limit of an ERC20 `approve` (≈ 46k setting a zero allowance) or `transferFrom` (≈ 40k
+/// to ≈ 60k: the allowance is spent to zero, the recipient's balance may be new).
+pub const ALLOWANCE_GAS: u64 = 100_000;
 /// Gas limit of a router swap (they use ~105k to ~150k; the first swap on a pair pays for
 /// the price accumulators' first writes, and a swapper's first receipt of a token for a new
 /// balance slot).
@@ -337,6 +340,7 @@ fn gas_limit(action: &Action) -> u64 {
     match action {
         Action::Eth { .. } => TRANSFER_GAS,
         Action::Erc20 { .. } => ERC20_GAS,
+        Action::Approve { .. } | Action::TransferFrom { .. } => ALLOWANCE_GAS,
         Action::Swap { .. } => SWAP_GAS,
     }
 }
@@ -357,6 +361,16 @@ impl Targets<'_> {
                 self.token.unwrap_or_default(),
                 U256::ZERO,
                 erc20::encode_transfer(account(to), amount),
+            ),
+            Action::Approve { spender, amount } => (
+                self.token.unwrap_or_default(),
+                U256::ZERO,
+                erc20::encode_approve(account(spender), amount),
+            ),
+            Action::TransferFrom { from, to, amount } => (
+                self.token.unwrap_or_default(),
+                U256::ZERO,
+                erc20::encode_transfer_from(account(from), account(to), amount),
             ),
             Action::Swap {
                 pair,

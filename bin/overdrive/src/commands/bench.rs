@@ -45,7 +45,7 @@ pub struct TrieArgs {
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
-    /// transfer | erc20 | uniswap | hybrid | chained
+    /// transfer | erc20 | uniswap | hybrid | chained | allowance
     #[arg(long, default_value = "erc20")]
     workload: WorkloadKind,
     /// Funded accounts in the generated genesis.

@@ -641,6 +641,32 @@ mod tests {
         }
     }
 
+    /// Each `transferFrom` waits for the `approve` of the block that set its allowance (the
+    /// allowance slot is the only key they share).
+    fn assert_spends_wait_for_their_approvals(txs: &[Recovered<TxEnvelope>], hints: &BlockHints) {
+        use overdrive_workload::erc20;
+        let mut approvals = HashMap::<(Address, Address), TxIdx>::default();
+        let mut spends = 0;
+        for (i, tx) in txs.iter().enumerate() {
+            if let Some((spender, _)) = erc20::decode_approve(tx.input()) {
+                approvals.insert((tx.signer(), spender), i as TxIdx);
+            } else if let Some((from, _, _)) = erc20::decode_transfer_from(tx.input())
+                && let Some(&approval) = approvals.get(&(from, tx.signer()))
+            {
+                assert!(
+                    hints.deps[i].contains(&approval),
+                    "tx {i}: {:?}",
+                    hints.deps[i]
+                );
+                spends += 1;
+            }
+        }
+        assert!(
+            spends >= 20,
+            "only {spends} spends of this block's approvals"
+        );
+    }
+
     #[test]
     fn equal_to_the_definition_on_every_workload() {
         for kind in WorkloadKind::ALL {
@@ -674,6 +700,9 @@ mod tests {
                     }
                     if kind == WorkloadKind::Hybrid && lazy {
                         assert!(ours.lazy_recipient.iter().any(Option::is_some), "{what}");
+                    }
+                    if kind == WorkloadKind::Allowance {
+                        assert_spends_wait_for_their_approvals(&block.transactions, &ours);
                     }
                 }
             }
