@@ -120,6 +120,13 @@ pub mod uniswap {
             address to,
             uint256 deadline
         ) external returns (uint256[] amounts);
+        function swapExactTokensForTokensSupportingFeeOnTransferTokens(
+            uint256 amountIn,
+            uint256 amountOutMin,
+            address[] path,
+            address to,
+            uint256 deadline
+        ) external;
     }
 
     /// keccak of `UniswapV2Pair`'s creation code, hard-coded in the router's
@@ -171,7 +178,8 @@ pub mod uniswap {
         }
     }
 
-    /// A decoded `swapExactTokensForTokens` call with a two-token path.
+    /// A decoded `swapExactTokensForTokens` (or fee-on-transfer variant) call with a two-token
+    /// path.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct Swap {
         /// Exact input amount of `token_in`.
@@ -201,9 +209,40 @@ pub mod uniswap {
         .into()
     }
 
-    /// The swap in router calldata; `None` for other input or a path that is not two tokens.
+    /// Router calldata for `swap` through
+    /// `swapExactTokensForTokensSupportingFeeOnTransferTokens`: for tokens without a transfer
+    /// fee it swaps exactly as `swapExactTokensForTokens` does (it reads the pair's balance
+    /// instead of computing the input), under another selector.
+    pub fn encode_swap_fee_on_transfer(swap: &Swap) -> Bytes {
+        swapExactTokensForTokensSupportingFeeOnTransferTokensCall {
+            amountIn: swap.amount_in,
+            amountOutMin: swap.amount_out_min,
+            path: vec![swap.token_in, swap.token_out],
+            to: swap.to,
+            deadline: swap.deadline,
+        }
+        .abi_encode()
+        .into()
+    }
+
+    /// The swap in router calldata of either swap function; `None` for other input or a path
+    /// that is not two tokens.
     pub fn decode_swap(input: &[u8]) -> Option<Swap> {
-        let call = swapExactTokensForTokensCall::abi_decode(input).ok()?;
+        let call = match swapExactTokensForTokensCall::abi_decode(input) {
+            Ok(call) => call,
+            Err(_) => {
+                let c =
+                    swapExactTokensForTokensSupportingFeeOnTransferTokensCall::abi_decode(input)
+                        .ok()?;
+                swapExactTokensForTokensCall {
+                    amountIn: c.amountIn,
+                    amountOutMin: c.amountOutMin,
+                    path: c.path,
+                    to: c.to,
+                    deadline: c.deadline,
+                }
+            }
+        };
         let [token_in, token_out] = call.path.as_slice() else {
             return None;
         };

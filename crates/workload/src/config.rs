@@ -16,6 +16,11 @@ pub enum WorkloadKind {
     /// ERC20 transfers where each transaction's sender is the previous one's recipient, so
     /// the block is one dependency chain.
     Chained,
+    /// The uniswap workload's swaps through the router's
+    /// `swapExactTokensForTokensSupportingFeeOnTransferTokens`, whose calldata the executor's
+    /// hints do not decode: speculation alone keeps the swaps apart, and the DAG learns only
+    /// from the conflicts it finds.
+    Router,
     /// ERC20 allowances on the main token: holders `approve` a spender, and each spender later
     /// (in the same block or a later one) moves exactly that amount with `transferFrom`, so a
     /// spend depends on its approval through the allowance slot alone.
@@ -24,13 +29,14 @@ pub enum WorkloadKind {
 
 impl WorkloadKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Transfer,
         Self::Erc20,
         Self::Uniswap,
         Self::Hybrid,
         Self::Chained,
         Self::Allowance,
+        Self::Router,
     ];
 
     /// The name `FromStr` accepts and `Display` prints.
@@ -42,6 +48,7 @@ impl WorkloadKind {
             Self::Hybrid => "hybrid",
             Self::Chained => "chained",
             Self::Allowance => "allowance",
+            Self::Router => "router",
         }
     }
 
@@ -53,7 +60,7 @@ impl WorkloadKind {
     }
 
     pub(crate) const fn needs_uniswap(self) -> bool {
-        matches!(self, Self::Uniswap | Self::Hybrid)
+        matches!(self, Self::Uniswap | Self::Hybrid | Self::Router)
     }
 }
 
@@ -93,7 +100,7 @@ pub struct WorkloadConfig {
     /// Share of transactions sent by [`HOT_SENDERS`](crate::HOT_SENDERS) hot senders (each
     /// with consecutive nonces). Chained ignores it: its senders are fixed by the chain.
     pub sender_skew: f64,
-    /// Uniswap and hybrid: number of pairs, each with its own two tokens.
+    /// Uniswap, router and hybrid: number of pairs, each with its own two tokens.
     pub pairs: usize,
 }
 

@@ -165,7 +165,7 @@ pub(crate) fn plan(cfg: &WorkloadConfig) -> Vec<Vec<PlannedTx>> {
                         },
                     )
                 }
-                WorkloadKind::Uniswap => {
+                WorkloadKind::Uniswap | WorkloadKind::Router => {
                     let sender = senders.pick(&mut rng);
                     let pair = rng.below(pairs) as u32;
                     (sender, swap(&mut rng, pair))

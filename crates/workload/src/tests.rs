@@ -664,6 +664,44 @@ fn uniswap_swaps_move_reserves_on_many_pairs() {
     }
 }
 
+/// The router kind: the uniswap blocks' swaps, through the fee-on-transfer variant, with the
+/// same effect (the model computes each swap's output and the pair's reserves).
+#[test]
+fn router_swaps_are_the_uniswap_swaps_under_another_selector() {
+    let router = gen_ok(&config(WorkloadKind::Router));
+    let plain = gen_ok(&config(WorkloadKind::Uniswap));
+    let txs = |w: &Workload| -> Vec<TxEnvelope> {
+        w.blocks
+            .iter()
+            .flat_map(|b| b.transactions.iter().map(|tx| tx.inner().clone()))
+            .collect()
+    };
+    let (router_txs, plain_txs) = (txs(&router), txs(&plain));
+    assert_eq!(router_txs.len(), plain_txs.len());
+    for (r, p) in router_txs.iter().zip(&plain_txs) {
+        assert_eq!(
+            uniswap::decode_swap(r.input()),
+            uniswap::decode_swap(p.input())
+        );
+        assert_eq!(r.input()[..4], [0x5c, 0x11, 0xd7, 0x95]);
+        assert_eq!(
+            p.input()[..4],
+            uniswap::SWAP_EXACT_TOKENS_FOR_TOKENS_SELECTOR
+        );
+    }
+    let (state, model) = execute_and_check(&router);
+    let (plain_state, plain_model) = execute_and_check(&plain);
+    assert!(model.swaps_per_pair.len() > 100);
+    assert_eq!(model.reserves, plain_model.reserves);
+    let uni = router.contracts.uniswap.as_ref().unwrap();
+    for pair in &uni.pairs {
+        assert_eq!(
+            storage(&state, pair.address, uniswap::RESERVES_SLOT),
+            storage(&plain_state, pair.address, uniswap::RESERVES_SLOT)
+        );
+    }
+}
+
 #[test]
 fn hybrid_mixes_kinds_and_hot_share_sets_contention() {
     for hot_share in [0.0, 0.5] {

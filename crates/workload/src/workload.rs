@@ -1,5 +1,5 @@
 use crate::{
-    WorkloadConfig, WorkloadError,
+    WorkloadConfig, WorkloadError, WorkloadKind,
     abi::{erc20, uniswap},
     artifacts::{self, ContractCode},
     genesis::{self, DEPLOYER_TOKEN_SUPPLY, ETHER, Setup, UniswapDeployment},
@@ -183,6 +183,7 @@ pub fn generate_with_artifacts(
         token,
         uniswap: uniswap.as_ref(),
         chain_id: chain_spec.chain_id,
+        fee_on_transfer_swaps: cfg.kind == WorkloadKind::Router,
     };
     let blocks = build_blocks(
         cfg,
@@ -350,6 +351,8 @@ struct Targets<'a> {
     token: Option<Address>,
     uniswap: Option<&'a UniswapDeployment>,
     chain_id: u64,
+    /// Swaps call the router's fee-on-transfer variant (the router workload).
+    fee_on_transfer_swaps: bool,
 }
 
 impl Targets<'_> {
@@ -397,7 +400,12 @@ impl Targets<'_> {
                     to: account(tx.sender),
                     deadline: U256::MAX,
                 };
-                (router, U256::ZERO, uniswap::encode_swap(&swap))
+                let input = if self.fee_on_transfer_swaps {
+                    uniswap::encode_swap_fee_on_transfer(&swap)
+                } else {
+                    uniswap::encode_swap(&swap)
+                };
+                (router, U256::ZERO, input)
             }
         };
         TxEip1559 {

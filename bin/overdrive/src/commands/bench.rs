@@ -45,7 +45,7 @@ pub struct TrieArgs {
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
-    /// transfer | erc20 | uniswap | hybrid | chained | allowance
+    /// transfer | erc20 | uniswap | hybrid | chained | allowance | router
     #[arg(long, default_value = "erc20")]
     workload: WorkloadKind,
     /// Funded accounts in the generated genesis.

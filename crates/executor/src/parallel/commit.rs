@@ -301,13 +301,13 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         {
             self.flush_fees()?;
         }
-        if self
+        let valid = self
             .validate_and_rebase(&outcome.reads, &mut exec.state)
-            .is_err()
-        {
-            if let Some(hints) = self.sched.hints() {
-                hints.conflict_found(k);
-            }
+            .is_ok();
+        if let Some(hints) = self.sched.hints() {
+            hints.call_checked(k, !valid);
+        }
+        if !valid {
             let result = self.commit_exact(k, &outcome.written);
             outcome.exec = Some(exec);
             self.recycle(outcome);

@@ -6,9 +6,12 @@
 //!
 //! Calls of a contract whose calldata the hints cannot decode are not ordered by default (two
 //! users of a router rarely touch the same slots). The DAG is refined as conflicts are found:
-//! once a call of such a contract fails validation, every later call of it in the block waits
-//! for the previous one (`BlockHints::conflict_dep`), and the executor remembers the contract
-//! for the next blocks, whose hints then chain its calls from the start (`learned`).
+//! once the calls of such a contract fail validation often (at least [`CHAIN_MIN_CONFLICTS`],
+//! and one in [`CHAIN_ONE_IN`] of those checked so far), every later call of it in the block
+//! waits for the previous one (`BlockHints::conflict_dep`), and the executor remembers the
+//! contract for the next blocks, whose hints then chain its calls from the start (`learned`).
+//! A rare conflict does not chain: a router whose swaps meet on one pair now and then is
+//! faster re-executing those few than running every swap in one chain.
 
 use super::mv::TxIdx;
 use alloy_consensus::{Transaction, TxEnvelope, transaction::Recovered};
@@ -18,7 +21,7 @@ use alloy_primitives::{
 };
 use std::{
     hash::BuildHasher,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicBool, AtomicU32, Ordering},
 };
 
 /// Contracts whose undecodable calls conflicted in recent blocks: their calls are chained from
@@ -94,35 +97,57 @@ pub(crate) struct BlockHints {
     /// calls are not chained (not `learned`): the contract's index in `called`, and the
     /// block's previous call of the same contract.
     pub calls: Vec<Option<(u32, Option<TxIdx>)>>,
-    /// The contracts of `calls`, each with whether one of its calls has failed validation in
-    /// this block (set by the committer, read by the scheduler; it only steers, so relaxed).
-    pub called: Vec<(Address, AtomicBool)>,
+    /// The contracts of `calls`, each with how its calls fared in validation so far.
+    pub called: Vec<(Address, CallConflicts)>,
+}
+
+/// Chain a contract's undecoded calls once at least this many have failed validation...
+pub(crate) const CHAIN_MIN_CONFLICTS: u32 = 2;
+/// ...and at least one in this many of those validated so far.
+pub(crate) const CHAIN_ONE_IN: u32 = 4;
+
+/// How one contract's undecoded calls fared in validation in this block. Written by the
+/// committer alone, read by the scheduler; it only steers, so relaxed.
+#[derive(Debug, Default)]
+pub(crate) struct CallConflicts {
+    checked: AtomicU32,
+    conflicts: AtomicU32,
+    /// The block's later calls wait for each other.
+    chained: AtomicBool,
 }
 
 impl BlockHints {
-    /// The dependency found while executing: the previous call of the same contract, once a
-    /// call of that contract has conflicted.
+    /// The dependency found while executing: the previous call of the same contract, once
+    /// that contract's calls are chained.
     pub(crate) fn conflict_dep(&self, tx: TxIdx) -> Option<TxIdx> {
         let (contract, previous) = self.calls.get(tx as usize).copied().flatten()?;
-        let (_, conflicted) = &self.called[contract as usize];
-        previous.filter(|_| conflicted.load(Ordering::Relaxed))
+        let (_, found) = &self.called[contract as usize];
+        previous.filter(|_| found.chained.load(Ordering::Relaxed))
     }
 
-    /// Records that `tx`'s speculative result failed validation: from now on the calls of its
-    /// contract (if it is an undecoded call) wait for each other.
-    pub(crate) fn conflict_found(&self, tx: TxIdx) {
-        if let Some((contract, _)) = self.calls.get(tx as usize).copied().flatten() {
-            self.called[contract as usize]
-                .1
-                .store(true, Ordering::Relaxed);
+    /// Records whether `tx`'s speculative result passed validation; when its contract's calls
+    /// (if it is an undecoded call) conflict often enough, from now on they wait for each
+    /// other. Called by the committer only.
+    pub(crate) fn call_checked(&self, tx: TxIdx, conflicted: bool) {
+        let Some((contract, _)) = self.calls.get(tx as usize).copied().flatten() else {
+            return;
+        };
+        let found = &self.called[contract as usize].1;
+        // One writer: plain loads and stores suffice.
+        let checked = found.checked.load(Ordering::Relaxed) + 1;
+        let conflicts = found.conflicts.load(Ordering::Relaxed) + u32::from(conflicted);
+        found.checked.store(checked, Ordering::Relaxed);
+        found.conflicts.store(conflicts, Ordering::Relaxed);
+        if conflicts >= CHAIN_MIN_CONFLICTS && conflicts.saturating_mul(CHAIN_ONE_IN) >= checked {
+            found.chained.store(true, Ordering::Relaxed);
         }
     }
 
-    /// The contracts whose calls conflicted in this block.
+    /// The contracts whose calls were chained in this block.
     pub(crate) fn conflicted(&self) -> impl Iterator<Item = Address> + '_ {
         self.called
             .iter()
-            .filter(|(_, conflicted)| conflicted.load(Ordering::Relaxed))
+            .filter(|(_, found)| found.chained.load(Ordering::Relaxed))
             .map(|(contract, _)| *contract)
     }
 
@@ -450,7 +475,7 @@ pub(crate) fn build(
         );
         hints.calls.push(call.map(|to| {
             let (index, latest) = calls.entry(to).or_insert_with(|| {
-                hints.called.push((to, AtomicBool::new(false)));
+                hints.called.push((to, CallConflicts::default()));
                 (hints.called.len() as u32 - 1, TxIdx::MAX)
             });
             let previous = (*latest != TxIdx::MAX).then_some(*latest);
@@ -594,8 +619,9 @@ mod tests {
         Recovered::new_unchecked(TxEnvelope::Legacy(signed), Address::repeat_byte(sender))
     }
 
-    /// Undecoded calls run unordered until one conflicts; then the rest of the block's calls
-    /// of that contract wait for each other. A learned contract is chained from the start.
+    /// Undecoded calls run unordered until their conflicts are frequent; then the rest of the
+    /// block's calls of that contract wait for each other. A learned contract is chained from
+    /// the start.
     #[test]
     fn undecoded_calls_are_chained_once_they_conflict() {
         let (router, other) = (Address::repeat_byte(0xaa), Address::repeat_byte(0xbb));
@@ -605,6 +631,7 @@ mod tests {
             call(3, router, vec![9, 9, 9, 9, 9]),
             call(4, Address::repeat_byte(9), Vec::new()),
             call(5, router, vec![1, 2, 3, 4]),
+            call(6, router, vec![1, 2, 3, 4]),
         ];
         let hints = build(&txs, Address::ZERO, true, Some(&Learned::default()));
         assert!(hints.deps.iter().all(Vec::is_empty), "{:?}", hints.deps);
@@ -615,20 +642,43 @@ mod tests {
                 Some((1, None)),
                 Some((0, Some(0))),
                 None,
-                Some((0, Some(2)))
+                Some((0, Some(2))),
+                Some((0, Some(4))),
             ]
         );
         assert_eq!(hints.longest_chain, 1);
-        assert!((0..5).all(|j| hints.conflict_dep(j).is_none()));
-        assert_eq!(hints.publish, [true, true, true, false, true]);
-        // The second call of the router fails validation.
-        hints.conflict_found(2);
-        let found: Vec<_> = (0..5).map(|j| hints.conflict_dep(j)).collect();
-        assert_eq!(found, [None, None, Some(0), None, Some(2)]);
+        assert!((0..6).all(|j| hints.conflict_dep(j).is_none()));
+        assert_eq!(hints.publish, [true, true, true, false, true, true]);
+        let chained =
+            |hints: &BlockHints| (0..6).map(|j| hints.conflict_dep(j)).collect::<Vec<_>>();
+        // One conflict of the router's calls is not enough...
+        hints.call_checked(0, false);
+        hints.call_checked(2, true);
+        assert!(chained(&hints).iter().all(Option::is_none));
+        // ...the second, with two of three checked calls conflicting, is.
+        hints.call_checked(4, true);
+        assert_eq!(
+            chained(&hints),
+            [None, None, Some(0), None, Some(2), Some(4)]
+        );
         assert_eq!(hints.conflicted().collect::<Vec<_>>(), [router]);
         // A plain transfer's failure teaches nothing.
-        hints.conflict_found(3);
+        hints.call_checked(3, true);
         assert_eq!(hints.conflicted().count(), 1);
+
+        // Conflicts in fewer than one in `CHAIN_ONE_IN` checked calls leave them unordered.
+        let hints = build(&txs, Address::ZERO, true, Some(&Learned::default()));
+        // (Two conflicts in nine checked calls.)
+        for _ in 0..CHAIN_MIN_CONFLICTS * CHAIN_ONE_IN + 1 - CHAIN_MIN_CONFLICTS {
+            hints.call_checked(0, false);
+        }
+        hints.call_checked(2, true);
+        hints.call_checked(4, true);
+        assert!(chained(&hints).iter().all(Option::is_none));
+        assert_eq!(hints.conflicted().count(), 0);
+        // One more conflict reaches the share.
+        hints.call_checked(5, true);
+        assert_eq!(hints.conflicted().collect::<Vec<_>>(), [router]);
 
         // Learned: chained by the hints themselves, like every call without learning.
         let learned = Learned::from_iter([router]);
@@ -636,8 +686,9 @@ mod tests {
             let hints = build(&txs, Address::ZERO, true, learned);
             assert_eq!(hints.deps[2], [0]);
             assert_eq!(hints.deps[4], [2]);
+            assert_eq!(hints.deps[5], [4]);
             assert_eq!(hints.calls[0], None);
-            assert_eq!(hints.longest_chain, 3);
+            assert_eq!(hints.longest_chain, 4);
         }
     }
 
@@ -669,6 +720,7 @@ mod tests {
 
     #[test]
     fn equal_to_the_definition_on_every_workload() {
+        let empty = Learned::default();
         for kind in WorkloadKind::ALL {
             for (seed, skew) in [(1, 0.0), (2, 0.5)] {
                 let workload = generate(&WorkloadConfig {
@@ -700,6 +752,13 @@ mod tests {
                     }
                     if kind == WorkloadKind::Hybrid && lazy {
                         assert!(ours.lazy_recipient.iter().any(Option::is_some), "{what}");
+                    }
+                    if kind == WorkloadKind::Router {
+                        // Undecoded: chained without learning; with it, unordered and
+                        // reported to the committer's conflict count.
+                        assert!(ours.longest_chain > 10, "{what}");
+                        let learning = build(&block.transactions, coinbase, lazy, Some(&empty));
+                        assert!(learning.calls.iter().all(Option::is_some), "{what}");
                     }
                     if kind == WorkloadKind::Allowance {
                         assert_spends_wait_for_their_approvals(&block.transactions, &ours);

@@ -94,12 +94,14 @@ pub struct ParallelConfig {
     /// transactions on the committer alone, without speculation.
     pub chain_fallback: bool,
     /// Order the calls of a contract whose calldata the hints cannot decode only once they
-    /// conflict (in the block, and for [`LEARNED_BLOCKS`] blocks after); `false` orders every
-    /// such contract's calls from the start.
+    /// conflict often — at least twice, in at least a quarter of those validated — (in the
+    /// block, and for [`LEARNED_BLOCKS`] blocks after); `false` orders every such contract's
+    /// calls from the start. A contract whose calls conflict now and then (a router) is left
+    /// to speculation: re-executing a few calls costs less than running all in one chain.
     pub learn_conflicts: bool,
 }
 
-/// How many parallel blocks a contract whose calls conflicted keeps its calls chained from
+/// How many parallel blocks a contract whose calls conflicted often keeps its calls chained from
 /// the start of a block. After that they run unordered again until they conflict again: a
 /// contract that stopped conflicting is not serialized forever.
 pub const LEARNED_BLOCKS: u32 = 16;
@@ -178,15 +180,15 @@ impl ParallelExecutor {
     }
 
     /// The contracts whose calls the next block chains from its start, because they
-    /// conflicted in one of the last [`LEARNED_BLOCKS`] parallel blocks.
+    /// conflicted often in one of the last [`LEARNED_BLOCKS`] parallel blocks.
     pub fn learned_conflicts(&self) -> Vec<Address> {
         let mut learned: Vec<Address> = lock(&self.learned).keys().copied().collect();
         learned.sort_unstable();
         learned
     }
 
-    /// Ages what was learned by one block and adds the contracts whose calls conflicted in
-    /// `hints`' block.
+    /// Ages what was learned by one block and adds the contracts whose calls were chained in
+    /// `hints`' block for conflicting often.
     fn learn(&self, hints: Option<&hints::BlockHints>) {
         let mut learned = lock(&self.learned);
         learned.retain(|_, left| {
