@@ -94,7 +94,7 @@ pub struct ParallelConfig {
     /// transactions on the committer alone, without speculation.
     pub chain_fallback: bool,
     /// Order the calls of a contract whose calldata the hints cannot decode only once they
-    /// conflict often — at least twice, in at least a quarter of those validated — (in the
+    /// conflict often — at least four times, in at least half of those validated — (in the
     /// block, and for [`LEARNED_BLOCKS`] blocks after); `false` orders every such contract's
     /// calls from the start. A contract whose calls conflict now and then (a router) is left
     /// to speculation: re-executing a few calls costs less than running all in one chain.
