@@ -222,3 +222,124 @@ fn generated_contracts_reach_their_cases() {
     designator.extend_from_slice(generator.contracts[1].as_slice());
     assert_eq!(sponsor.code_hash, alloy_primitives::keccak256(&designator));
 }
+
+/// The generator's deposit contract and precompile calls do what the random blocks rely on:
+/// a call of the deposit contract, direct or from a contract, becomes a deposit request of
+/// the block; each precompile call succeeds or fails as `PRECOMPILE_CALLS` says and returns
+/// what the precompile computes.
+#[test]
+fn deposits_and_precompile_calls_reach_the_block_output() {
+    let (mut generator, mut state) = Gen::new(Fork::Prague, 5);
+    let sink = generator.contracts[1];
+    state
+        .accounts
+        .get_mut(&sink)
+        .expect("a contract")
+        .info
+        .balance = U256::from(10u64.pow(18));
+    let key = generator.senders[7].clone();
+    let nonce = state.accounts[&key.address].info.nonce;
+    let tx = |nonce: u64, to: Address, value: u64, input: Vec<u8>| {
+        key.sign(TxEip1559 {
+            chain_id: CHAIN_ID,
+            nonce,
+            gas_limit: 400_000,
+            max_fee_per_gas: 10_000,
+            max_priority_fee_per_gas: 1,
+            to: TxKind::Call(to),
+            value: U256::from(value),
+            access_list: Default::default(),
+            input: Bytes::from(input),
+        })
+    };
+    let sink_call = |nonce: u64, op: u8, arg0: U256, arg1: u64| {
+        let mut input = vec![op];
+        input.extend_from_slice(&arg0.to_be_bytes::<32>());
+        input.extend_from_slice(&U256::from(arg1).to_be_bytes::<32>());
+        tx(nonce, sink, 0, input)
+    };
+    let mut template = generator.block(&state, 1);
+    template.header.base_fee_per_gas = Some(7);
+    let block_of = |txs| {
+        overdrive_primitives::RecoveredBlock::from_parts(
+            template.header.clone(),
+            txs,
+            Vec::new(),
+            template.withdrawals.clone(),
+        )
+    };
+
+    // Deposits: a plain transfer to the deposit contract and a contract's call of it.
+    let deposit = U256::from_be_slice(common::DEPOSIT_CONTRACT.as_slice());
+    let block = block_of(vec![
+        tx(nonce, common::DEPOSIT_CONTRACT, 1, Vec::new()),
+        sink_call(nonce + 1, 2, deposit, 5),
+    ]);
+    let out = SequentialExecutor
+        .execute(&generator.spec, &block, &state)
+        .expect("valid");
+    assert!(out.receipts.iter().all(|r| r.status()));
+    let mut one = common::deposit_event_data();
+    one[544] = block.number() as u8;
+    let fields: Vec<u8> = [(160, 48), (256, 32), (320, 8), (384, 96), (512, 8)]
+        .iter()
+        .flat_map(|&(at, len)| one[at + 32..at + 32 + len].to_vec())
+        .collect();
+    let deposits: Vec<_> = out.requests.iter().filter(|r| r[0] == 0).collect();
+    assert_eq!(deposits.len(), 1, "{:?}", out.requests);
+    assert_eq!(deposits[0][1..], [fields.clone(), fields].concat());
+    for threads in [2, 3] {
+        assert_equal(
+            &parallel(threads),
+            &generator.spec,
+            &block,
+            &state,
+            "deposits",
+        )
+        .expect("valid");
+    }
+
+    // Precompiles, one block each: all succeed on zero input but the KZG point evaluation.
+    let mut all = Vec::new();
+    for (i, &(address, len)) in common::PRECOMPILE_CALLS.iter().enumerate() {
+        let call = sink_call(nonce + i as u64, 17, U256::from(address), len);
+        all.push(call.clone());
+        let block = block_of(vec![sink_call(nonce, 17, U256::from(address), len)]);
+        let out = SequentialExecutor
+            .execute(&generator.spec, &block, &state)
+            .expect("valid");
+        assert!(out.receipts[0].status(), "precompile {address:#x}");
+        let slot = |slot: u64| {
+            out.bundle
+                .account(&sink)
+                .and_then(|a| a.storage.get(&U256::from(slot)))
+                .map(|s| s.present_value)
+                .unwrap_or_default()
+        };
+        let success = address != 0x0a;
+        assert_eq!(slot(16), U256::from(success), "precompile {address:#x}");
+        let word = match (address, len) {
+            // sha256 of 32 zero bytes
+            (0x02, _) => U256::from_be_bytes(
+                alloy_primitives::b256!(
+                    "66687aadf862bd776c8fc18b8e9f8e20089714856ee233b3902a591d0d5f2925"
+                )
+                .0,
+            ),
+            (0x08 | 0x0f, _) => U256::from(1),
+            _ => slot(17),
+        };
+        assert_eq!(slot(17), word, "precompile {address:#x} returned");
+    }
+    let block = block_of(all);
+    for threads in [2, 4] {
+        assert_equal(
+            &parallel(threads),
+            &generator.spec,
+            &block,
+            &state,
+            "precompiles",
+        )
+        .expect("valid");
+    }
+}

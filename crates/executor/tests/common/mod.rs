@@ -1,9 +1,9 @@
 //! Randomized blocks for differential tests: signed transactions of every type a fork allows,
 //! against small hand-assembled contracts that exercise storage, value calls, CREATE/CREATE2
 //! (with collisions), SELFDESTRUCT, transient storage, the coinbase balance, BLOCKHASH,
-//! reverts, out-of-gas loops, precompiles, logs, contracts destroyed in their constructor and
-//! reads of what the block's system calls wrote, an account sponsoring its own EIP-7702
-//! authorization, with heavy conflicts (hot senders, a hot recipient, a few shared contracts
+//! reverts, out-of-gas loops, every precompile of the fork (valid and invalid input), logs,
+//! EIP-6110 deposits, contracts destroyed in their constructor and reads of what the block's
+//! system calls wrote, an account sponsoring its own EIP-7702 authorization, with heavy conflicts (hot senders, a hot recipient, a few shared contracts
 //! and slots).
 
 #![allow(dead_code)]
@@ -82,9 +82,74 @@ impl Fork {
     }
 }
 
-/// Logs from this address are parsed as EIP-6110 deposits (none are emitted: the address has
-/// no code), so Prague blocks carry (empty) deposit requests handling too.
+/// Logs from this address are parsed as EIP-6110 deposits: its code ([`deposit_contract`])
+/// emits one on every call, so Prague blocks carry deposit requests.
 pub const DEPOSIT_CONTRACT: Address = Address::new([0xde; 20]);
+
+/// Offset of the index field's bytes in [`deposit_event_data`].
+const DEPOSIT_INDEX_AT: usize = 544;
+
+/// The data of a well-formed EIP-6110 `DepositEvent`: five ABI-encoded byte strings of the
+/// sizes the request parser requires (pubkey 48, withdrawal credentials 32, amount 8,
+/// signature 96, index 8), 576 bytes.
+pub fn deposit_event_data() -> Vec<u8> {
+    let fields: [(usize, u8); 5] = [(48, 0x11), (32, 0x22), (8, 0x33), (96, 0x44), (8, 0)];
+    let mut tail = Vec::new();
+    let mut head = Vec::new();
+    for (len, byte) in fields {
+        head.extend_from_slice(&U256::from(32 * fields.len() + tail.len()).to_be_bytes::<32>());
+        tail.extend_from_slice(&U256::from(len).to_be_bytes::<32>());
+        tail.extend(std::iter::repeat_n(byte, len));
+        tail.resize(tail.len().next_multiple_of(32), 0);
+    }
+    head.extend(tail);
+    head
+}
+
+/// The deposit contract's code: every call, with value or without, emits one `DepositEvent`
+/// whose index starts with the block number's low byte.
+pub fn deposit_contract() -> Vec<u8> {
+    let data = deposit_event_data();
+    let topic = keccak256("DepositEvent(bytes,bytes,bytes,bytes,bytes)");
+    let mut a = Asm::default();
+    a.push(data.len() as u64)
+        .push_label("event")
+        .push(0)
+        .op(CODECOPY);
+    a.op(NUMBER).push(DEPOSIT_INDEX_AT as u64).op(MSTORE8);
+    a.push32(topic.into())
+        .push(data.len() as u64)
+        .push(0)
+        .op(LOG1)
+        .op(STOP);
+    a.data("event", &data);
+    a.finish()
+}
+
+/// (precompile, input length) pairs of the kitchen sink's `precompiles` case, zero input:
+/// valid for every one (points at infinity, zero scalars, empty exponents, zero rounds) except
+/// the KZG point evaluation (0x0a), whose zero commitment does not match its versioned hash.
+/// Before a precompile's fork its address is an empty account and the call just succeeds.
+pub const PRECOMPILE_CALLS: [(u64, u64); 18] = [
+    (0x01, 128),
+    (0x02, 32),
+    (0x03, 32),
+    (0x04, 32),
+    (0x05, 96),
+    (0x06, 128),
+    (0x07, 96),
+    (0x08, 0),
+    (0x08, 192),
+    (0x09, 213),
+    (0x0a, 192),
+    (0x0b, 256),
+    (0x0c, 160),
+    (0x0d, 512),
+    (0x0e, 288),
+    (0x0f, 384),
+    (0x10, 64),
+    (0x11, 128),
+];
 
 /// A tiny assembler: opcodes, pushes and labelled jumps.
 #[derive(Default)]
@@ -124,7 +189,9 @@ const TLOAD: u8 = 0x5c;
 const TSTORE: u8 = 0x5d;
 const DUP1: u8 = 0x80;
 const SWAP1: u8 = 0x90;
+const LOG1: u8 = 0xa1;
 const LOG2: u8 = 0xa2;
+const MSTORE8: u8 = 0x53;
 const CREATE: u8 = 0xf0;
 const CALL: u8 = 0xf1;
 const RETURN: u8 = 0xf3;
@@ -206,7 +273,7 @@ pub fn child_initcode() -> Vec<u8> {
 }
 
 /// Operations of the kitchen-sink contract (first calldata byte).
-pub const OPS: u8 = 17;
+pub const OPS: u8 = 18;
 
 /// The kitchen-sink contract: a dispatcher on calldata byte 0 (see `OPS`), arguments in the
 /// 32-byte words after it. Uses DIV rather than SHR so pre-Constantinople forks can run the
@@ -236,6 +303,7 @@ pub fn kitchen_sink() -> Vec<u8> {
         "read",
         "ephemeral",
         "sysread",
+        "precompiles",
     ];
     for (i, name) in cases.iter().enumerate() {
         a.op(DUP1).push(i as u64).op(EQ).push_label(name).op(JUMPI);
@@ -429,6 +497,23 @@ pub fn kitchen_sink() -> Vec<u8> {
         .push(15)
         .op(SSTORE)
         .op(STOP);
+    // 17: STATICCALL(200,000 gas, precompile arg0, arg1 zero bytes); slots[16] = success,
+    // slots[17] = the first word returned
+    a.label("precompiles")
+        .push(32)
+        .push(0x400)
+        .arg(1)
+        .push(0)
+        .arg(0)
+        .push(200_000)
+        .op(STATICCALL)
+        .push(16)
+        .op(SSTORE)
+        .push(0x400)
+        .op(MLOAD)
+        .push(17)
+        .op(SSTORE)
+        .op(STOP);
     a.data("initcode", &init);
     a.finish()
 }
@@ -548,6 +633,13 @@ impl Gen {
         );
         let hot = Address::new([0x40; 20]);
         state.insert_account(hot, U256::from(1), 0, None, HashMap::default());
+        state.insert_account(
+            DEPOSIT_CONTRACT,
+            U256::ZERO,
+            1,
+            Some(Bytecode::new_raw(deposit_contract().into())),
+            HashMap::default(),
+        );
         if fork >= Fork::Cancun {
             for (address, code) in [
                 (
@@ -607,12 +699,13 @@ impl Gen {
     }
 
     fn any_address(&mut self) -> Address {
-        match self.rng.random_range(0..6) {
+        match self.rng.random_range(0..7) {
             0 => self.senders.choose(&mut self.rng).unwrap().address,
             1 => *self.contracts.choose(&mut self.rng).unwrap(),
             2 => self.hot,
             3 => self.ghost,
             4 => self.authorities.choose(&mut self.rng).unwrap().address,
+            5 => DEPOSIT_CONTRACT,
             _ => *self.others.choose(&mut self.rng).unwrap(),
         }
     }
@@ -643,9 +736,20 @@ impl Gen {
             }
             _ => U256::from(self.rng.random_range(0..1000u64)),
         };
+        let (arg0, arg1) = match op {
+            17 => {
+                let (address, len) = *PRECOMPILE_CALLS.choose(&mut self.rng).unwrap();
+                (U256::from(address), U256::from(len))
+            }
+            _ => (arg0, arg1),
+        };
         data.extend_from_slice(&self.word(arg0));
         data.extend_from_slice(&self.word(arg1));
-        let gas = if op == 10 { 120_000 } else { 250_000 };
+        let gas = match op {
+            10 => 120_000,
+            17 => 400_000,
+            _ => 250_000,
+        };
         (data.into(), gas)
     }
 
