@@ -24,8 +24,8 @@ use std::{
     sync::atomic::{AtomicBool, AtomicU32, Ordering},
 };
 
-/// Contracts whose undecodable calls conflicted in recent blocks: their calls are chained from
-/// the start of a block.
+/// Contracts whose undecodable calls conflicted often in recent blocks: their calls are
+/// chained from the start of a block.
 pub(crate) type Learned = alloy_primitives::map::HashSet<Address>;
 
 /// A conflict key. ERC20 slots are keyed by (token, owner[, spender]) rather than by the
