@@ -6,11 +6,13 @@
 
 mod common;
 
-use alloy_consensus::TxEip1559;
+use alloy_consensus::{TxEip1559, TxEnvelope, transaction::Recovered};
 use alloy_primitives::{Address, Bytes, TxKind, U256};
-use common::{CHAIN_ID, Fork, Gen, assert_equal, parallel, soak};
-use overdrive_executor::{BlockExecutor, SequentialExecutor};
+use common::{CHAIN_ID, Fork, Gen, Key, assert_equal, parallel, soak};
+use overdrive_executor::{BlockExecutor, BlockOutput, SequentialExecutor};
+use overdrive_primitives::{MemState, RecoveredBlock};
 use rand::Rng;
+use revm::database::BundleState;
 
 /// Runs `blocks` random blocks of a chain, each through every executor, applying the
 /// reference output before the next.
@@ -102,73 +104,138 @@ fn random_large_blocks() {
     }
 }
 
+/// A Prague chain of the generator whose kitchen sink `contracts[sink]` holds an ether, one of
+/// its senders, and blocks on the generator's next header (base fee 7) — for tests that send
+/// chosen kitchen-sink calls rather than random ones.
+struct SinkChain {
+    generator: Gen,
+    state: MemState,
+    sink: Address,
+    key: Key,
+    nonce: u64,
+    template: RecoveredBlock,
+}
+
+impl SinkChain {
+    fn new(seed: u64, sink: usize, sender: usize) -> Self {
+        let (mut generator, mut state) = Gen::new(Fork::Prague, seed);
+        let sink = generator.contracts[sink];
+        state
+            .accounts
+            .get_mut(&sink)
+            .expect("a contract")
+            .info
+            .balance = U256::from(10u64.pow(18));
+        let mut template = generator.block(&state, 1);
+        template.header.base_fee_per_gas = Some(7);
+        let key = generator.senders[sender].clone();
+        let nonce = state.accounts[&key.address].info.nonce;
+        Self {
+            generator,
+            state,
+            sink,
+            key,
+            nonce,
+            template,
+        }
+    }
+
+    /// The sender's transaction number `i` from now.
+    fn tx(
+        &self,
+        i: u64,
+        to: Address,
+        value: u64,
+        input: Vec<u8>,
+        gas: u64,
+    ) -> Recovered<TxEnvelope> {
+        self.key.sign(TxEip1559 {
+            chain_id: CHAIN_ID,
+            nonce: self.nonce + i,
+            gas_limit: gas,
+            max_fee_per_gas: 10_000,
+            max_priority_fee_per_gas: 1,
+            to: TxKind::Call(to),
+            value: U256::from(value),
+            access_list: Default::default(),
+            input: Bytes::from(input),
+        })
+    }
+
+    /// Transaction number `i` calling the kitchen sink's operation `op`.
+    fn sink_call(&self, i: u64, op: u8, arg0: U256, arg1: u64, gas: u64) -> Recovered<TxEnvelope> {
+        let mut input = vec![op];
+        input.extend_from_slice(&arg0.to_be_bytes::<32>());
+        input.extend_from_slice(&U256::from(arg1).to_be_bytes::<32>());
+        self.tx(i, self.sink, 0, input, gas)
+    }
+
+    fn block(&self, txs: Vec<Recovered<TxEnvelope>>) -> RecoveredBlock {
+        RecoveredBlock::from_parts(
+            self.template.header.clone(),
+            txs,
+            Vec::new(),
+            self.template.withdrawals.clone(),
+        )
+    }
+
+    /// The sequential output, every transaction succeeded.
+    fn execute(&self, block: &RecoveredBlock) -> BlockOutput {
+        let out = SequentialExecutor
+            .execute(&self.generator.spec, block, &self.state)
+            .expect("valid");
+        assert!(out.receipts.iter().all(|r| r.status()), "a call failed");
+        out
+    }
+
+    fn assert_parallel_equal(&self, block: &RecoveredBlock, threads: &[usize], what: &str) {
+        for &t in threads {
+            assert_equal(&parallel(t), &self.generator.spec, block, &self.state, what)
+                .expect("valid");
+        }
+    }
+}
+
+/// A slot's value in a block's bundle (zero when untouched).
+fn slot(bundle: &BundleState, address: Address, slot: u64) -> U256 {
+    bundle
+        .account(&address)
+        .and_then(|a| a.storage.get(&U256::from(slot)))
+        .map(|s| s.present_value)
+        .unwrap_or_default()
+}
+
 /// The generator's newer cases do what the random blocks rely on: a child created with value
 /// is gone after its transaction (Cancun's rules), its CREATE2 address is then free for a
 /// lasting child in the same block, and a transaction reads the beacon root and the parent
 /// hash that this block's system calls stored; the sponsor's own authorizations take.
 #[test]
 fn generated_contracts_reach_their_cases() {
-    let (mut generator, mut state) = Gen::new(Fork::Prague, 3);
-    let sink = generator.contracts[0];
-    state
-        .accounts
-        .get_mut(&sink)
-        .expect("a contract")
-        .info
-        .balance = U256::from(10u64.pow(18));
-    let template = generator.block(&state, 1);
-    let key = generator.senders[5].clone();
-    let nonce = state.accounts[&key.address].info.nonce;
-    let call = |nonce: u64, op: u8, arg0: u64| {
-        let mut input = vec![op];
-        input.extend_from_slice(&U256::from(arg0).to_be_bytes::<32>());
-        input.extend_from_slice(&U256::ZERO.to_be_bytes::<32>());
-        key.sign(TxEip1559 {
-            chain_id: CHAIN_ID,
-            nonce,
-            gas_limit: 250_000,
-            max_fee_per_gas: 10_000,
-            max_priority_fee_per_gas: 1,
-            to: TxKind::Call(sink),
-            value: U256::ZERO,
-            access_list: Default::default(),
-            input: Bytes::from(input),
-        })
-    };
+    let chain = SinkChain::new(3, 0, 5);
+    let sink = chain.sink;
+    let call = |i: u64, op: u8, arg0: u64| chain.sink_call(i, op, U256::from(arg0), 0, 250_000);
     // 15: ephemeral child at salt 1; 4: lasting child at salt 1; 16: beacon root, parent hash.
-    let txs = vec![
-        call(nonce, 15, 1),
-        call(nonce + 1, 4, 1),
-        call(nonce + 2, 16, 0),
-        call(nonce + 3, 16, 1),
-    ];
-    let mut header = template.header.clone();
-    header.base_fee_per_gas = Some(7);
-    let block = overdrive_primitives::RecoveredBlock::from_parts(
-        header,
-        txs,
-        Vec::new(),
-        template.withdrawals.clone(),
-    );
-    let out = SequentialExecutor
-        .execute(&generator.spec, &block, &state)
-        .expect("valid");
-    assert!(out.receipts.iter().all(|r| r.status()), "a call failed");
-    let slot = |address: Address, slot: u64| {
-        out.bundle
-            .account(&address)
-            .and_then(|a| a.storage.get(&U256::from(slot)))
-            .map(|s| s.present_value)
-            .unwrap_or_default()
-    };
+    let block = chain.block(vec![
+        call(0, 15, 1),
+        call(1, 4, 1),
+        call(2, 16, 0),
+        call(3, 16, 1),
+    ]);
+    let out = chain.execute(&block);
     let child = sink.create2(
         alloy_primitives::B256::from(U256::from(1)),
         alloy_primitives::keccak256(common::child_initcode()),
     );
     // CREATE2 returned the child's address both times: the first child was removed, so the
     // second found the address free.
-    assert_eq!(slot(sink, 13), U256::from_be_slice(child.as_slice()));
-    assert_eq!(slot(sink, 10), U256::from_be_slice(child.as_slice()));
+    assert_eq!(
+        slot(&out.bundle, sink, 13),
+        U256::from_be_slice(child.as_slice())
+    );
+    assert_eq!(
+        slot(&out.bundle, sink, 10),
+        U256::from_be_slice(child.as_slice())
+    );
     assert!(
         out.bundle
             .account(&child)
@@ -176,43 +243,21 @@ fn generated_contracts_reach_their_cases() {
             .is_some_and(|i| !i.is_empty_code_hash())
     );
     // The last call reads the parent hash (EIP-2935); the one before it, the beacon root.
-    assert_eq!(slot(sink, 14), U256::from(1));
+    assert_eq!(slot(&out.bundle, sink, 14), U256::from(1));
     assert_eq!(
-        slot(sink, 15),
+        slot(&out.bundle, sink, 15),
         U256::from_be_bytes(block.header.parent_hash.0)
     );
     assert_ne!(block.header.parent_hash, alloy_primitives::B256::ZERO);
-    let beacon_only = overdrive_primitives::RecoveredBlock::from_parts(
-        block.header.clone(),
-        vec![call(nonce, 16, 0)],
-        Vec::new(),
-        block.withdrawals.clone(),
-    );
-    let out = SequentialExecutor
-        .execute(&generator.spec, &beacon_only, &state)
-        .expect("valid");
-    let root = out
-        .bundle
-        .account(&sink)
-        .and_then(|a| a.storage.get(&U256::from(15)))
-        .map(|s| s.present_value);
+    let out = chain.execute(&chain.block(vec![call(0, 16, 0)]));
     assert_eq!(
-        root,
+        Some(slot(&out.bundle, sink, 15)),
         block
             .header
             .parent_beacon_block_root
             .map(|r| U256::from_be_bytes(r.0))
     );
-    for threads in [2, 4] {
-        assert_equal(
-            &parallel(threads),
-            &generator.spec,
-            &block,
-            &state,
-            "new ops",
-        )
-        .expect("valid");
-    }
+    chain.assert_parallel_equal(&block, &[2, 4], "new ops");
 
     // The sponsor's own authorizations take: it ends up delegated to the kitchen sink.
     let (mut generator, mut state) = Gen::new(Fork::Prague, 4);
@@ -229,56 +274,16 @@ fn generated_contracts_reach_their_cases() {
 /// what the precompile computes.
 #[test]
 fn deposits_and_precompile_calls_reach_the_block_output() {
-    let (mut generator, mut state) = Gen::new(Fork::Prague, 5);
-    let sink = generator.contracts[1];
-    state
-        .accounts
-        .get_mut(&sink)
-        .expect("a contract")
-        .info
-        .balance = U256::from(10u64.pow(18));
-    let key = generator.senders[7].clone();
-    let nonce = state.accounts[&key.address].info.nonce;
-    let tx = |nonce: u64, to: Address, value: u64, input: Vec<u8>| {
-        key.sign(TxEip1559 {
-            chain_id: CHAIN_ID,
-            nonce,
-            gas_limit: 400_000,
-            max_fee_per_gas: 10_000,
-            max_priority_fee_per_gas: 1,
-            to: TxKind::Call(to),
-            value: U256::from(value),
-            access_list: Default::default(),
-            input: Bytes::from(input),
-        })
-    };
-    let sink_call = |nonce: u64, op: u8, arg0: U256, arg1: u64| {
-        let mut input = vec![op];
-        input.extend_from_slice(&arg0.to_be_bytes::<32>());
-        input.extend_from_slice(&U256::from(arg1).to_be_bytes::<32>());
-        tx(nonce, sink, 0, input)
-    };
-    let mut template = generator.block(&state, 1);
-    template.header.base_fee_per_gas = Some(7);
-    let block_of = |txs| {
-        overdrive_primitives::RecoveredBlock::from_parts(
-            template.header.clone(),
-            txs,
-            Vec::new(),
-            template.withdrawals.clone(),
-        )
-    };
+    let chain = SinkChain::new(5, 1, 7);
+    let sink = chain.sink;
 
     // Deposits: a plain transfer to the deposit contract and a contract's call of it.
     let deposit = U256::from_be_slice(common::DEPOSIT_CONTRACT.as_slice());
-    let block = block_of(vec![
-        tx(nonce, common::DEPOSIT_CONTRACT, 1, Vec::new()),
-        sink_call(nonce + 1, 2, deposit, 5),
+    let block = chain.block(vec![
+        chain.tx(0, common::DEPOSIT_CONTRACT, 1, Vec::new(), 400_000),
+        chain.sink_call(1, 2, deposit, 5, 400_000),
     ]);
-    let out = SequentialExecutor
-        .execute(&generator.spec, &block, &state)
-        .expect("valid");
-    assert!(out.receipts.iter().all(|r| r.status()));
+    let out = chain.execute(&block);
     let mut one = common::deposit_event_data();
     one[544] = block.number() as u8;
     let fields: Vec<u8> = [(160, 48), (256, 32), (320, 8), (384, 96), (512, 8)]
@@ -288,34 +293,16 @@ fn deposits_and_precompile_calls_reach_the_block_output() {
     let deposits: Vec<_> = out.requests.iter().filter(|r| r[0] == 0).collect();
     assert_eq!(deposits.len(), 1, "{:?}", out.requests);
     assert_eq!(deposits[0][1..], [fields.clone(), fields].concat());
-    for threads in [2, 3] {
-        assert_equal(
-            &parallel(threads),
-            &generator.spec,
-            &block,
-            &state,
-            "deposits",
-        )
-        .expect("valid");
-    }
+    chain.assert_parallel_equal(&block, &[2, 3], "deposits");
 
     // Precompiles, one block each: all succeed on zero input but the KZG point evaluation.
+    let call =
+        |i: u64, address: u64, len: u64| chain.sink_call(i, 17, U256::from(address), len, 400_000);
     let mut all = Vec::new();
     for (i, &(address, len)) in common::PRECOMPILE_CALLS.iter().enumerate() {
-        let call = sink_call(nonce + i as u64, 17, U256::from(address), len);
-        all.push(call.clone());
-        let block = block_of(vec![sink_call(nonce, 17, U256::from(address), len)]);
-        let out = SequentialExecutor
-            .execute(&generator.spec, &block, &state)
-            .expect("valid");
-        assert!(out.receipts[0].status(), "precompile {address:#x}");
-        let slot = |slot: u64| {
-            out.bundle
-                .account(&sink)
-                .and_then(|a| a.storage.get(&U256::from(slot)))
-                .map(|s| s.present_value)
-                .unwrap_or_default()
-        };
+        all.push(call(i as u64, address, len));
+        let out = chain.execute(&chain.block(vec![call(0, address, len)]));
+        let slot = |n: u64| slot(&out.bundle, sink, n);
         let success = address != 0x0a;
         assert_eq!(slot(16), U256::from(success), "precompile {address:#x}");
         let word = match (address, len) {
@@ -331,15 +318,5 @@ fn deposits_and_precompile_calls_reach_the_block_output() {
         };
         assert_eq!(slot(17), word, "precompile {address:#x} returned");
     }
-    let block = block_of(all);
-    for threads in [2, 4] {
-        assert_equal(
-            &parallel(threads),
-            &generator.spec,
-            &block,
-            &state,
-            "precompiles",
-        )
-        .expect("valid");
-    }
+    chain.assert_parallel_equal(&chain.block(all), &[2, 4], "precompiles");
 }

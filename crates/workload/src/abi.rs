@@ -143,6 +143,9 @@ pub mod uniswap {
     /// `swapExactTokensForTokens(uint256,uint256,address[],address,uint256)`.
     pub const SWAP_EXACT_TOKENS_FOR_TOKENS_SELECTOR: [u8; 4] =
         swapExactTokensForTokensCall::SELECTOR;
+    /// `swapExactTokensForTokensSupportingFeeOnTransferTokens(uint256,uint256,address[],address,uint256)`.
+    pub const SWAP_FEE_ON_TRANSFER_SELECTOR: [u8; 4] =
+        swapExactTokensForTokensSupportingFeeOnTransferTokensCall::SELECTOR;
 
     /// The two tokens in the pair's order (`token0 < token1`).
     pub fn sort_tokens(a: Address, b: Address) -> (Address, Address) {
@@ -214,34 +217,21 @@ pub mod uniswap {
     /// fee it swaps exactly as `swapExactTokensForTokens` does (it reads the pair's balance
     /// instead of computing the input), under another selector.
     pub fn encode_swap_fee_on_transfer(swap: &Swap) -> Bytes {
-        swapExactTokensForTokensSupportingFeeOnTransferTokensCall {
-            amountIn: swap.amount_in,
-            amountOutMin: swap.amount_out_min,
-            path: vec![swap.token_in, swap.token_out],
-            to: swap.to,
-            deadline: swap.deadline,
-        }
-        .abi_encode()
-        .into()
+        // Same arguments, same encoding: only the selector differs.
+        let mut input = encode_swap(swap).to_vec();
+        input[..4].copy_from_slice(&SWAP_FEE_ON_TRANSFER_SELECTOR);
+        input.into()
     }
 
     /// The swap in router calldata of either swap function; `None` for other input or a path
     /// that is not two tokens.
     pub fn decode_swap(input: &[u8]) -> Option<Swap> {
-        let call = match swapExactTokensForTokensCall::abi_decode(input) {
-            Ok(call) => call,
-            Err(_) => {
-                let c =
-                    swapExactTokensForTokensSupportingFeeOnTransferTokensCall::abi_decode(input)
-                        .ok()?;
-                swapExactTokensForTokensCall {
-                    amountIn: c.amountIn,
-                    amountOutMin: c.amountOutMin,
-                    path: c.path,
-                    to: c.to,
-                    deadline: c.deadline,
-                }
+        // The fee-on-transfer variant takes the same arguments under its own selector.
+        let call = match input.split_first_chunk::<4>() {
+            Some((&SWAP_FEE_ON_TRANSFER_SELECTOR, args)) => {
+                swapExactTokensForTokensCall::abi_decode_raw(args).ok()?
             }
+            _ => swapExactTokensForTokensCall::abi_decode(input).ok()?,
         };
         let [token_in, token_out] = call.path.as_slice() else {
             return None;
