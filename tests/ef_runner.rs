@@ -144,3 +144,36 @@ fn malformed_fixtures_fail_without_crashing() {
         "{outcomes:?}"
     );
 }
+
+/// `--executor parallel` must test the parallel executor's speculation, not its sequential
+/// fallback or its committer running ahead: before the runner asked for `speculate_all`, the
+/// whole fixture set committed no transaction from speculation.
+#[test]
+fn parallel_runs_speculate_every_transaction() {
+    use overdrive_ef_tests::{ExecCounts, ExecutorChoice};
+    // One transaction in one block; and 35 transactions of one sender over 17 blocks.
+    for rel in [VALID, "ValidBlocks/bcEIP1559/tips.json"] {
+        let parallel = RunOptions {
+            executor: ExecutorChoice::Parallel { threads: 2 },
+            ..RunOptions::default()
+        };
+        let results = run_file(&fixture(rel), parallel);
+        assert!(!results.is_empty());
+        for r in &results {
+            assert_eq!(r.outcome, Outcome::Passed, "{rel} {}", r.name);
+            let e = r.executed;
+            assert!(e.parallel_blocks > 0, "{rel} {}: {e:?}", r.name);
+            // Every transaction of a parallel block is speculated; a failed validation
+            // re-executes one exactly, which timing may cause now and then, never always.
+            assert!(e.speculated >= e.parallel_blocks, "{rel} {}: {e:?}", r.name);
+        }
+        for r in run_file(&fixture(rel), RunOptions::default()) {
+            assert_eq!(
+                r.executed,
+                ExecCounts::default(),
+                "sequential {rel} {}",
+                r.name
+            );
+        }
+    }
+}

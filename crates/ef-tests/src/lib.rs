@@ -11,6 +11,6 @@ mod runner;
 
 pub use fixture::{Fixture, FixtureAccount, FixtureBlock};
 pub use runner::{
-    ExecutorChoice, Outcome, RunOptions, Runner, StateRootChoice, Summary, TestResult,
+    ExecCounts, ExecutorChoice, Outcome, RunOptions, Runner, StateRootChoice, Summary, TestResult,
     collect_files, run_file, run_paths,
 };

@@ -6,7 +6,7 @@ use overdrive_consensus::{
     validate_body, validate_header, validate_post_execution, validate_state_root,
 };
 use overdrive_executor::{
-    BlockExecutor, BlockOutput, ExecutionError, ParallelConfig, ParallelExecutor,
+    BlockExecutor, BlockOutput, CommitStats, ExecutionError, ParallelConfig, ParallelExecutor,
     SequentialExecutor,
 };
 use overdrive_primitives::{ChainSpec, EthereumHardfork, ForkCondition, MemState, RecoveredBlock};
@@ -80,6 +80,29 @@ pub struct TestResult {
     pub network: String,
     /// What happened.
     pub outcome: Outcome,
+    /// How the parallel executor ran the test's blocks (zero with the sequential one).
+    pub executed: ExecCounts,
+}
+
+/// How the parallel executor ran a test's blocks: evidence that the fixtures exercise its
+/// parallel path rather than its sequential fallback.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecCounts {
+    /// Blocks the parallel path executed to the end (one it rejects is not counted).
+    pub parallel_blocks: usize,
+    /// Their transactions committed from a speculative result that passed validation.
+    pub speculated: usize,
+    /// Their transactions the committer executed exactly: the runner's parallel executor
+    /// speculates every transaction, so only those whose speculative result failed validation.
+    pub exact: usize,
+}
+
+impl std::ops::AddAssign for ExecCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.parallel_blocks += other.parallel_blocks;
+        self.speculated += other.speculated;
+        self.exact += other.exact;
+    }
 }
 
 /// Results of a run.
@@ -101,6 +124,15 @@ impl Summary {
             }
         }
         c
+    }
+
+    /// How the parallel executor ran the blocks of every test.
+    pub fn executed(&self) -> ExecCounts {
+        let mut total = ExecCounts::default();
+        for r in &self.results {
+            total += r.executed;
+        }
+        total
     }
 
     /// (passed, failed, skipped) per network.
@@ -191,9 +223,14 @@ impl Runner {
             ExecutorChoice::Sequential => None,
             ExecutorChoice::Parallel { threads } => Some(ParallelExecutor::new(ParallelConfig {
                 threads,
-                // Every fixture block with two or more transactions takes the parallel path.
+                // Every fixture block with a transaction takes the parallel path, and every
+                // transaction is speculated and validated: also one alone in its block (the
+                // committer would execute it itself), also a chain of one sender's (most
+                // multi-transaction fixture blocks are).
                 min_txs_for_parallel: 0,
                 min_gas_for_parallel: 0,
+                chain_fallback: false,
+                speculate_all: true,
                 ..ParallelConfig::default()
             })),
         };
@@ -258,6 +295,7 @@ impl Runner {
                     .unwrap_or_default(),
                 network: "?".into(),
                 outcome: Outcome::Failed(why),
+                executed: ExecCounts::default(),
             }]
         };
         let bytes = match std::fs::read(path) {
@@ -283,22 +321,27 @@ impl Runner {
                         name,
                         network,
                         outcome,
+                        executed: ExecCounts::default(),
                     };
                 }
-                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_test(value)))
-                    .unwrap_or_else(|panic| {
-                        let msg = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
-                        Outcome::Failed(format!("panicked: {msg}"))
-                    });
+                let mut executed = ExecCounts::default();
+                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.run_test(value, &mut executed)
+                }))
+                .unwrap_or_else(|panic| {
+                    let msg = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    Outcome::Failed(format!("panicked: {msg}"))
+                });
                 TestResult {
                     file: path.to_path_buf(),
                     name,
                     network,
                     outcome,
+                    executed,
                 }
             })
             .collect()
@@ -369,7 +412,7 @@ struct Imported {
 }
 
 impl Runner {
-    fn run_test(&self, value: serde_json::Value) -> Outcome {
+    fn run_test(&self, value: serde_json::Value, executed: &mut ExecCounts) -> Outcome {
         let fixture: Fixture = match serde_json::from_value(value) {
             Ok(f) => f,
             Err(e) => return Outcome::Failed(format!("malformed fixture: {e}")),
@@ -417,7 +460,7 @@ impl Runner {
 
         for (i, block) in fixture.blocks.iter().enumerate() {
             match (
-                self.import_block(&spec, &chain, &block.rlp),
+                self.import_block(&spec, &chain, &block.rlp, executed),
                 &block.expect_exception,
             ) {
                 (Ok((hash, imported)), None) => {
@@ -492,6 +535,7 @@ impl Runner {
         spec: &ChainSpec,
         chain: &HashMap<B256, Imported>,
         rlp: &[u8],
+        executed: &mut ExecCounts,
     ) -> Result<(B256, Imported), Rejection> {
         let block = RecoveredBlock::decode(rlp).map_err(|e| e.to_string())?;
         let parent = chain
@@ -499,12 +543,19 @@ impl Runner {
             .ok_or_else(|| format!("unknown parent {}", block.header.parent_hash))?;
         validate_header(spec, &block.header, &parent.header).map_err(|e| e.to_string())?;
         validate_body(spec, &block).map_err(|e| e.to_string())?;
-        let output = self
+        let (output, stats) = self
             .execute(spec, &block, &parent.state)
             .map_err(|e| match e {
                 ExecutionError::WorkerPanic(_) => Rejection::Panic(e.to_string()),
                 e => Rejection::Invalid(e.to_string()),
             })?;
+        if let Some(stats) = stats {
+            *executed += ExecCounts {
+                parallel_blocks: 1,
+                speculated: stats.validated,
+                exact: stats.exact,
+            };
+        }
         validate_post_execution(
             spec,
             &block.header,
@@ -539,10 +590,12 @@ impl Runner {
         spec: &ChainSpec,
         block: &RecoveredBlock,
         state: &MemState,
-    ) -> Result<BlockOutput, ExecutionError> {
+    ) -> Result<(BlockOutput, Option<CommitStats>), ExecutionError> {
         match &self.parallel {
-            None => SequentialExecutor.execute(spec, block, state),
-            Some(parallel) => parallel.execute(spec, block, state),
+            None => SequentialExecutor
+                .execute(spec, block, state)
+                .map(|output| (output, None)),
+            Some(parallel) => parallel.execute_with_stats(spec, block, state),
         }
     }
 }

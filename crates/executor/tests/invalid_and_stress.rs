@@ -456,6 +456,7 @@ fn random_thread_counts_and_thresholds() {
                 threads,
                 min_txs_for_parallel: generator.rng.random_range(0..40),
                 min_gas_for_parallel: generator.rng.random_range(0..2_000_000),
+                speculate_all: generator.rng.random_bool(0.5),
                 ..Default::default()
             });
         let out = assert_equal(

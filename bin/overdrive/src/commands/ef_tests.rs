@@ -7,7 +7,8 @@ use std::{path::PathBuf, time::Instant};
 enum ExecutorArg {
     /// alloy-evm's EthBlockExecutor (the reference).
     Sequential,
-    /// overdrive's parallel executor (forced on every block, however small).
+    /// overdrive's parallel executor, forced on every block with a transaction, speculating
+    /// every transaction.
     Parallel,
 }
 
@@ -63,12 +64,30 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
         match &r.outcome {
             Outcome::Failed(why) => println!("FAIL {} :: {}: {why}", r.file.display(), r.name),
             Outcome::Skipped(why) => println!("SKIP {} :: {}: {why}", r.file.display(), r.name),
-            Outcome::Passed if args.verbose => println!("ok   {} :: {}", r.file.display(), r.name),
+            Outcome::Passed if args.verbose => {
+                let e = r.executed;
+                println!(
+                    "ok   {} :: {} (parallel blocks {}, speculated {}, exact {})",
+                    r.file.display(),
+                    r.name,
+                    e.parallel_blocks,
+                    e.speculated,
+                    e.exact
+                )
+            }
             Outcome::Passed => {}
         }
     }
     for (network, (p, f, s)) in summary.by_network() {
         println!("{network:>28}: {p} passed, {f} failed, {s} skipped");
+    }
+    if matches!(args.executor, ExecutorArg::Parallel) {
+        let executed = summary.executed();
+        println!(
+            "parallel executor: {} blocks on the parallel path, {} transactions committed from \
+             speculation, {} executed exactly by the committer (after a failed validation)",
+            executed.parallel_blocks, executed.speculated, executed.exact
+        );
     }
     let (passed, failed, skipped) = summary.counts();
     eprintln!(

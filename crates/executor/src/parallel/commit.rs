@@ -82,6 +82,9 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     pub spent: Vec<Spent>,
     /// Storage maps still to size up front (see [`Presize`]); `None` until the hints are read.
     pub presize: Option<Vec<Presize>>,
+    /// Never execute a pending transaction exactly ahead of speculation (see
+    /// [`crate::ParallelConfig::speculate_all`]).
+    pub speculate_all: bool,
 }
 
 /// A contract the hints expect to change many storage slots (`BlockHints::many_slots`): its
@@ -181,13 +184,27 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                         self.stats.commit_ns += lap(&mut clock);
                         break;
                     }
-                    PENDING => {
+                    // A block that went sequential meanwhile never gets hints, so nothing
+                    // would speculate `k`: the committer takes it whatever the mode.
+                    PENDING if !self.speculate_all || self.sched.is_sequential() => {
                         if self.sched.try_claim(k) {
                             self.commit_exact(k, &[])?;
                             self.stats.exact_ns += lap(&mut clock);
                             break;
                         }
                     }
+                    PENDING => match self.sched.next_task() {
+                        Some(j) => {
+                            self.help(j);
+                            self.stats.help_ns += lap(&mut clock);
+                        }
+                        None => {
+                            // The hints are being built, or `k` waits on its dependencies'
+                            // release: a worker takes it within microseconds.
+                            std::thread::yield_now();
+                            self.stats.wait_ns += lap(&mut clock);
+                        }
+                    },
                     RUNNING => match self.sched.next_task() {
                         Some(j) => {
                             self.help(j);

@@ -81,7 +81,8 @@ pub struct ParallelConfig {
     /// Threads executing a block, the calling thread included (it commits). 1 means
     /// sequential.
     pub threads: usize,
-    /// Blocks with fewer transactions run on the sequential path.
+    /// Blocks with fewer transactions run on the sequential path (blocks without any always
+    /// do).
     pub min_txs_for_parallel: usize,
     /// Blocks whose [`block_gas_estimate`] is lower run on the sequential path.
     pub min_gas_for_parallel: u64,
@@ -99,6 +100,14 @@ pub struct ParallelConfig {
     /// calls from the start. A contract whose calls conflict now and then (a router) is left
     /// to speculation: re-executing a few calls costs less than running all in one chain.
     pub learn_conflicts: bool,
+    /// Speculate every transaction and commit it through validation: the committer never
+    /// executes a pending transaction exactly ahead of the workers (it helps speculate
+    /// instead), only one whose speculative result failed validation. Slower — the committer
+    /// waits for speculation where it would run ahead — and meant for tests, so that a
+    /// fixture's one-transaction blocks, which the committer would otherwise execute itself
+    /// before a worker gets to them, go through speculation, validation and the speculative
+    /// commit.
+    pub speculate_all: bool,
 }
 
 /// How many parallel blocks a contract whose calls conflicted often keeps its calls chained from
@@ -120,6 +129,7 @@ impl Default for ParallelConfig {
             lazy_recipients: true,
             chain_fallback: true,
             learn_conflicts: true,
+            speculate_all: false,
         }
     }
 }
@@ -204,7 +214,7 @@ impl ParallelExecutor {
 
     /// Whether `block` is large enough for the parallel path to pay for its set-up.
     fn worth_parallel(&self, block: &RecoveredBlock) -> bool {
-        block.transactions.len() >= self.config.min_txs_for_parallel.max(2)
+        block.transactions.len() >= self.config.min_txs_for_parallel.max(1)
             && block_gas_estimate(block) >= self.config.min_gas_for_parallel
     }
 
@@ -214,7 +224,7 @@ impl ParallelExecutor {
         spec: &ChainSpec,
         block: &RecoveredBlock,
         db: &DB,
-    ) -> Result<BlockOutput, ExecutionError> {
+    ) -> Result<(BlockOutput, CommitStats), ExecutionError> {
         let started = std::time::Instant::now();
         let env = evm_env(spec, block);
         let coinbase = block.header.beneficiary;
@@ -301,6 +311,7 @@ impl ParallelExecutor {
                     recycler: &recycler,
                     spent: Vec::new(),
                     presize: None,
+                    speculate_all: self.config.speculate_all,
                 };
                 let result = committer.run();
                 stats = Some(CommitStats {
@@ -327,21 +338,46 @@ impl ParallelExecutor {
         let finishing = std::time::Instant::now();
         let result = executor.apply_post_execution_changes()?;
         let (bundle, transitions) = merge::merge_and_take(pool, &mut state);
-        *lock(&self.last_stats) = stats.map(|s| CommitStats {
+        let stats = stats.map(|s| CommitStats {
             finish_ns: finishing.elapsed().as_nanos() as u64,
             ..s
         });
+        *lock(&self.last_stats) = stats;
         // Freeing the block's speculative data and caches takes a millisecond or two; the pool
         // thread does it while this one returns.
         let cache = std::mem::take(&mut state.cache);
         pool.spawn(move || drop((mv, sched, new_code, cache, transitions, recycler)));
-        Ok(BlockOutput {
+        let output = BlockOutput {
             receipts: result.receipts,
             gas_used: result.gas_used,
             blob_gas_used: result.blob_gas_used,
             requests: result.requests,
             bundle,
-        })
+        };
+        Ok((output, stats.unwrap_or_default()))
+    }
+
+    /// Executes `block` as [`BlockExecutor::execute`] does, and says what the committer did
+    /// when the block took the parallel path (`None`: it ran sequentially). Unlike
+    /// [`Self::last_stats`], the statistics belong to this call when several threads share the
+    /// executor.
+    pub fn execute_with_stats<DB: StateReader>(
+        &self,
+        spec: &ChainSpec,
+        block: &RecoveredBlock,
+        state: &DB,
+    ) -> Result<(BlockOutput, Option<CommitStats>), ExecutionError> {
+        // A panic anywhere (a state reader's, the system calls', a worker's) rejects the block
+        // on either path; the block's state is dropped with it, so nothing partial survives.
+        catch_unwind(AssertUnwindSafe(|| match &self.pool {
+            Some(pool) if self.worth_parallel(block) => self
+                .execute_parallel(pool, spec, block, state)
+                .map(|(output, stats)| (output, Some(stats))),
+            _ => SequentialExecutor
+                .execute(spec, block, state)
+                .map(|output| (output, None)),
+        }))
+        .unwrap_or_else(|panic| Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref()))))
     }
 }
 
@@ -434,15 +470,8 @@ impl BlockExecutor for ParallelExecutor {
         block: &RecoveredBlock,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
-        // A panic anywhere (a state reader's, the system calls', a worker's) rejects the block
-        // on either path; the block's state is dropped with it, so nothing partial survives.
-        catch_unwind(AssertUnwindSafe(|| match &self.pool {
-            Some(pool) if self.worth_parallel(block) => {
-                self.execute_parallel(pool, spec, block, state)
-            }
-            _ => SequentialExecutor.execute(spec, block, state),
-        }))
-        .unwrap_or_else(|panic| Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref()))))
+        self.execute_with_stats(spec, block, state)
+            .map(|(output, _)| output)
     }
 }
 

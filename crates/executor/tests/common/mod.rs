@@ -1118,15 +1118,17 @@ pub fn assert_equal(
     expected
 }
 
-/// A parallel executor that runs every block of two or more transactions in parallel, whatever
-/// its gas. With 3 threads it also speculates blocks that are one long chain (which the default
-/// hands to the committer alone), so that path stays tested.
+/// A parallel executor that runs every block with a transaction in parallel, whatever its gas.
+/// With 3 threads it also speculates blocks that are one long chain (which the default hands to
+/// the committer alone), so that path stays tested; with 4 the committer never runs ahead of
+/// speculation (`speculate_all`), so every transaction goes through validation.
 pub fn parallel(threads: usize) -> ParallelExecutor {
     ParallelExecutor::new(ParallelConfig {
         threads,
         min_txs_for_parallel: 0,
         min_gas_for_parallel: 0,
         chain_fallback: threads != 3,
+        speculate_all: threads == 4,
         ..Default::default()
     })
 }
