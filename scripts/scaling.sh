@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Thread scaling of both benchmarks, for a machine with more cores than this project's 2-core
+# hosts (the issues' 1/2/4/8/16-thread tables). Every figure is a ratio measured in one run of
+# the benchmark (new against reference, same blocks, same process); this script only varies the
+# thread count and collects the JSON lines into Markdown tables.
+#
+#   scripts/scaling.sh [BIN]            # BIN: a release `overdrive` (default: built here)
+#
+# Environment: THREADS (default "1 2 4 8 16"), WORKLOADS (default: every workload kind),
+# TRIE_ACCOUNTS (default "100000 1000000"), OUT (a directory for the raw JSON lines).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN="${1:-}"
+if [[ -z "$BIN" ]]; then
+  cargo build --release --locked -q -p overdrive
+  BIN=./target/release/overdrive
+fi
+THREADS="${THREADS:-1 2 4 8 16}"
+WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router}"
+TRIE_ACCOUNTS="${TRIE_ACCOUNTS:-100000 1000000}"
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+
+# The value of a numeric or boolean field of a one-line JSON object.
+field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
+# A number with two decimals, and a quotient (awk: bc is not on every machine).
+fmt() { awk -v x="$1" 'BEGIN { printf "%.2f", x }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+header() {
+  local line="| $1 |" rule="| --- |"
+  for t in $THREADS; do line+=" $t |"; rule+=" --- |"; done
+  echo "$line"
+  echo "$rule"
+}
+
+echo "## bench exec: speedup (cpu ratio), 100k accounts, 6,000 txs x 5 blocks ($(nproc) cores)"
+echo
+header "workload \\ threads"
+for w in $WORKLOADS; do
+  row="| $w |"
+  for t in $THREADS; do
+    json=$("$BIN" bench exec --workload "$w" --accounts 100000 --txs 6000 --blocks 5 \
+      --threads "$t" --json 2>/dev/null | tail -1)
+    echo "$json" >>"$OUT/exec.jsonl"
+    if [[ "$(field equal "$json")" != "true" ]]; then
+      echo "outputs differ: $w, $t threads: $json" >&2
+      exit 1
+    fi
+    row+=" $(fmt "$(field speedup "$json")") ($(fmt "$(field cpu_ratio "$json")")) |"
+  done
+  echo "$row"
+done
+
+echo
+echo "## bench trie: (d) ms per block, and (c)/(d) ($(nproc) cores)"
+echo
+header "accounts \\ threads"
+for n in $TRIE_ACCOUNTS; do
+  row="| $n |"
+  for t in $THREADS; do
+    json=$("$BIN" bench trie --accounts "$n" --blocks 10 --threads "$t" --json 2>/dev/null | tail -1)
+    echo "$json" >>"$OUT/trie.jsonl"
+    if [[ "$(field roots_equal "$json")" != "true" ]]; then
+      echo "roots differ: $n accounts, $t threads: $json" >&2
+      exit 1
+    fi
+    par=$(field overdrive_ms "$json")
+    row+=" $(fmt "$par") ($(ratio "$(field overdrive_1t_ms "$json")" "$par")x) |"
+  done
+  echo "$row"
+done
+echo
+echo "raw JSON lines: $OUT" >&2
