@@ -467,6 +467,24 @@ fn random_thread_counts_and_thresholds() {
             &format!("block {b}"),
         )
         .expect("valid");
+        // The path taken is the one the thresholds ask for (statistics come from the parallel
+        // path only), and the output is the same as `execute`'s.
+        let config = executor.config();
+        let (again, stats) = executor
+            .execute_with_stats(&generator.spec, &block, &state)
+            .expect("valid");
+        let parallel = threads > 1
+            && n >= config.min_txs_for_parallel.max(1)
+            && overdrive_executor::block_gas_estimate(&block) >= config.min_gas_for_parallel;
+        assert_eq!(
+            stats.is_some(),
+            parallel,
+            "block {b}: {n} txs, {threads} threads"
+        );
+        assert!(
+            again == out,
+            "block {b}: execute_with_stats differs from execute"
+        );
         state.apply_bundle(&out.bundle);
         state.block_hashes.insert(block.number(), block.hash);
     }
