@@ -20,6 +20,8 @@ WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router}"
 TRIE_ACCOUNTS="${TRIE_ACCOUNTS:-100000 1000000}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
+# The benchmarks' logs go to a file: the tables stay readable, and a failed run says where to look.
+trap 'echo "a benchmark failed; its log: $OUT/bench.log" >&2' ERR
 
 # The value of a numeric or boolean field of a one-line JSON object.
 field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
@@ -41,7 +43,7 @@ for w in $WORKLOADS; do
   row="| $w |"
   for t in $THREADS; do
     json=$("$BIN" bench exec --workload "$w" --accounts 100000 --txs 6000 --blocks 5 \
-      --threads "$t" --json 2>/dev/null | tail -1)
+      --threads "$t" --json 2>>"$OUT/bench.log" | tail -1)
     echo "$json" >>"$OUT/exec.jsonl"
     if [[ "$(field equal "$json")" != "true" ]]; then
       echo "outputs differ: $w, $t threads: $json" >&2
@@ -59,7 +61,7 @@ header "accounts \\ threads"
 for n in $TRIE_ACCOUNTS; do
   row="| $n |"
   for t in $THREADS; do
-    json=$("$BIN" bench trie --accounts "$n" --blocks 10 --threads "$t" --json 2>/dev/null | tail -1)
+    json=$("$BIN" bench trie --accounts "$n" --blocks 10 --threads "$t" --json 2>>"$OUT/bench.log" | tail -1)
     echo "$json" >>"$OUT/trie.jsonl"
     if [[ "$(field roots_equal "$json")" != "true" ]]; then
       echo "roots differ: $n accounts, $t threads: $json" >&2
