@@ -361,3 +361,137 @@ pub fn validate_state_root(header: &Header, computed: B256) -> Result<(), Consen
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{B64, Bytes, U256};
+
+    /// The dev chain (every fork through Prague from genesis), its genesis header, and a valid
+    /// child of it.
+    fn chain() -> (ChainSpec, Header, Header) {
+        let spec = ChainSpec::dev();
+        let parent = spec.genesis_header(B256::ZERO);
+        let child = Header {
+            parent_hash: parent.hash_slow(),
+            number: parent.number + 1,
+            timestamp: parent.timestamp + 12,
+            base_fee_per_gas: parent.next_block_base_fee(spec.base_fee_params()),
+            excess_blob_gas: Some(0),
+            blob_gas_used: Some(0),
+            ..parent.clone()
+        };
+        (spec, parent, child)
+    }
+
+    /// `child` with one change, validated against `parent`.
+    fn check(change: impl FnOnce(&mut Header)) -> Result<(), ConsensusError> {
+        let (spec, parent, mut child) = chain();
+        change(&mut child);
+        validate_header(&spec, &child, &parent)
+    }
+
+    #[test]
+    fn a_valid_child_passes() {
+        assert_eq!(check(|_| {}), Ok(()));
+        // The gas limit may move by just under 1/1024 of the parent's either way.
+        let step = 60_000_000 / GAS_LIMIT_BOUND_DIVISOR - 1;
+        assert_eq!(check(|h| h.gas_limit += step), Ok(()));
+        assert_eq!(check(|h| h.gas_limit -= step), Ok(()));
+    }
+
+    #[test]
+    fn each_header_rule_rejects_with_its_error() {
+        assert!(matches!(
+            check(|h| h.number += 1),
+            Err(E::BlockNumber { .. })
+        ));
+        assert!(matches!(
+            check(|h| h.timestamp = 0),
+            Err(E::Timestamp { got: 0, .. })
+        ));
+        let step = 60_000_000 / GAS_LIMIT_BOUND_DIVISOR;
+        assert!(matches!(
+            check(|h| h.gas_limit += step),
+            Err(E::GasLimit { .. })
+        ));
+        assert!(matches!(
+            check(|h| h.gas_limit = MINIMUM_GAS_LIMIT - 1),
+            Err(E::GasLimit { .. })
+        ));
+        assert!(matches!(
+            check(|h| h.gas_used = h.gas_limit + 1),
+            Err(E::GasUsedAboveLimit { .. })
+        ));
+        assert!(matches!(
+            check(|h| h.extra_data = Bytes::from(vec![0; MAXIMUM_EXTRA_DATA_SIZE + 1])),
+            Err(E::ExtraDataTooLong(n)) if n == MAXIMUM_EXTRA_DATA_SIZE + 1
+        ));
+        assert!(matches!(
+            check(|h| h.difficulty = U256::from(1)),
+            Err(E::ProofOfWorkField(_))
+        ));
+        assert!(matches!(
+            check(|h| h.nonce = B64::with_last_byte(1)),
+            Err(E::ProofOfWorkField(_))
+        ));
+        assert!(matches!(
+            check(|h| h.ommers_hash = B256::ZERO),
+            Err(E::ProofOfWorkField(_))
+        ));
+        assert!(matches!(
+            check(|h| h.base_fee_per_gas = h.base_fee_per_gas.map(|f| f + 1)),
+            Err(E::BaseFee { .. })
+        ));
+        assert!(matches!(
+            check(|h| h.excess_blob_gas = Some(DATA_GAS_PER_BLOB)),
+            Err(E::ExcessBlobGas { .. })
+        ));
+    }
+
+    #[test]
+    fn fork_fields_must_match_the_fork() {
+        let missing = |field| {
+            Err(E::ForkField {
+                field,
+                state: "missing",
+            })
+        };
+        assert_eq!(
+            check(|h| h.withdrawals_root = None),
+            missing("withdrawals_root")
+        );
+        assert_eq!(check(|h| h.blob_gas_used = None), missing("blob_gas_used"));
+        assert_eq!(
+            check(|h| h.parent_beacon_block_root = None),
+            missing("parent_beacon_block_root")
+        );
+        assert_eq!(check(|h| h.requests_hash = None), missing("requests_hash"));
+
+        // Before Prague, a requests hash is one field too many.
+        let (spec, parent, mut child) = chain();
+        let spec = spec.with_fork(
+            overdrive_primitives::EthereumHardfork::Prague,
+            overdrive_primitives::ForkCondition::Never,
+        );
+        assert_eq!(
+            validate_header(&spec, &child, &parent),
+            Err(E::ForkField {
+                field: "requests_hash",
+                state: "present"
+            })
+        );
+        child.requests_hash = None;
+        assert_eq!(validate_header(&spec, &child, &parent), Ok(()));
+    }
+
+    #[test]
+    fn state_root_mismatch_names_both_roots() {
+        let (_, _, child) = chain();
+        assert_eq!(validate_state_root(&child, child.state_root), Ok(()));
+        assert!(matches!(
+            validate_state_root(&child, B256::repeat_byte(1)),
+            Err(E::RootMismatch { .. })
+        ));
+    }
+}
