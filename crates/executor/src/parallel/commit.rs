@@ -193,10 +193,16 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                             break;
                         }
                     }
-                    PENDING => match self.sched.next_task() {
+                    // Running elsewhere, or (under `speculate_all`) left to speculation:
+                    // help speculate meanwhile.
+                    status @ (PENDING | RUNNING) => match self.sched.next_task() {
                         Some(j) => {
                             self.help(j);
                             self.stats.help_ns += lap(&mut clock);
+                        }
+                        None if status == RUNNING => {
+                            self.sched.committer_wait(k);
+                            self.stats.wait_ns += lap(&mut clock);
                         }
                         None => {
                             // The hints are being built, or `k` waits on its dependencies'
@@ -204,16 +210,6 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                             // `yield_now`: spinning on the system call doubled the system time
                             // of a fixture run.
                             std::thread::park_timeout(std::time::Duration::from_micros(20));
-                            self.stats.wait_ns += lap(&mut clock);
-                        }
-                    },
-                    RUNNING => match self.sched.next_task() {
-                        Some(j) => {
-                            self.help(j);
-                            self.stats.help_ns += lap(&mut clock);
-                        }
-                        None => {
-                            self.sched.committer_wait(k);
                             self.stats.wait_ns += lap(&mut clock);
                         }
                     },
