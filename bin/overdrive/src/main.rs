@@ -88,3 +88,57 @@ fn main() -> eyre::Result<()> {
         Command::Bench(cmd) => commands::bench::run(cmd),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn zero_counts_are_refused_at_the_command_line() {
+        let refused = [
+            &["bench", "exec", "--threads", "0"][..],
+            &["bench", "exec", "--blocks", "0"],
+            &["bench", "exec", "--txs", "0"],
+            &["bench", "exec", "--repeat", "0"],
+            &["bench", "trie", "--threads", "0"],
+            &["bench", "trie", "--blocks", "0"],
+            &["bench", "trie", "--transfers", "0"],
+            &["ef-tests", "x.json", "--threads", "0"],
+            &["ef-tests", "x.json", "--trie-threads", "0"],
+        ];
+        for args in refused {
+            let argv = std::iter::once("overdrive").chain(args.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_err(), "{args:?} was accepted");
+        }
+        for args in [
+            &[
+                "bench",
+                "exec",
+                "--threads",
+                "1",
+                "--blocks",
+                "1",
+                "--txs",
+                "1",
+            ][..],
+            &["bench", "trie", "--threads", "1", "--blocks", "1"],
+            &[
+                "ef-tests",
+                "x.json",
+                "--threads",
+                "1",
+                "--trie-threads",
+                "1",
+            ],
+        ] {
+            let argv = std::iter::once("overdrive").chain(args.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_ok(), "{args:?} was refused");
+        }
+    }
+}

@@ -23,13 +23,13 @@ pub struct TrieArgs {
     #[arg(long, default_value_t = 100_000)]
     accounts: usize,
     /// Measured blocks (one more warms up).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = super::positive)]
     blocks: usize,
     /// Threads of overdrive's parallel run.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::positive)]
     threads: usize,
     /// Token transfers per block (each changes a sender account and two token slots).
-    #[arg(long, default_value_t = 6_000)]
+    #[arg(long, default_value_t = 6_000, value_parser = super::positive)]
     transfers: usize,
     /// Seed of the state and the update sets.
     #[arg(long, default_value_t = 1)]
@@ -52,7 +52,7 @@ pub struct ExecArgs {
     #[arg(long, default_value_t = 100_000)]
     accounts: usize,
     /// Transactions per block.
-    #[arg(long, default_value_t = 6_000)]
+    #[arg(long, default_value_t = 6_000, value_parser = super::positive)]
     txs: usize,
     /// Instead of `--txs`: fill each block with about this much gas (1000000000 for the
     /// 1-gigagas mega-block). The transactions per block follow from the gas a sample block of
@@ -60,13 +60,13 @@ pub struct ExecArgs {
     #[arg(long, conflicts_with = "txs")]
     block_gas: Option<u64>,
     /// Blocks to execute (each on the state the previous one left).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::positive)]
     blocks: usize,
     /// Worker threads of the parallel executor.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::positive)]
     threads: usize,
     /// Timed runs of each executor on each block, the two alternating; the median counts.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::positive)]
     repeat: usize,
     /// Untimed runs of each executor on the first block before measuring (page faults of a
     /// fresh heap, cold instruction caches and thread start-up would otherwise land in block
@@ -221,6 +221,7 @@ fn timed_pair(
 /// Transactions per block that use about `gas` in a block of `config`'s workload, from the
 /// average gas of a sample block executed sequentially.
 fn txs_for_gas(config: &WorkloadConfig, gas: u64) -> eyre::Result<usize> {
+    eyre::ensure!(gas > 0, "--block-gas must be at least 1");
     let sample = overdrive_workload::generate(&WorkloadConfig {
         txs_per_block: 1_000,
         blocks: 1,

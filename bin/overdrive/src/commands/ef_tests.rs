@@ -32,12 +32,12 @@ pub struct EfTestsArgs {
     #[arg(long = "state-root", value_enum, default_value = "overdrive")]
     state_root: StateRootArg,
     /// Threads of the parallel executor.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::positive)]
     threads: usize,
     /// Workers of overdrive's trie. With more than one, every subtree with two or more
     /// changes is split into parallel tasks, so that the fixtures' small tries take the
     /// parallel paths.
-    #[arg(long = "trie-threads", default_value_t = 1)]
+    #[arg(long = "trie-threads", default_value_t = 1, value_parser = super::positive)]
     trie_threads: usize,
     /// Print every passing test too.
     #[arg(long)]
