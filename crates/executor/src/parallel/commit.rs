@@ -267,6 +267,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 reads: Vec::new(),
                 exec: None,
                 written: Vec::new(),
+                origin: self.speculator.thread(),
             }),
         };
         self.sched.finish(j, outcome, false);
@@ -416,8 +417,14 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         });
     }
 
-    /// Queues a consumed speculative result for a pool thread to free (see `recycle.rs`).
+    /// Frees a consumed speculative result the committer speculated itself, and queues any
+    /// other for the pool thread that made it (see `recycle.rs`).
     fn recycle(&mut self, outcome: Box<SpecOutcome>) {
+        if outcome.origin == self.speculator.thread() {
+            // Its allocations are this thread's own: freeing them here is the local path.
+            drop(outcome);
+            return;
+        }
         self.spent.push(Spent { _outcome: outcome });
         self.recycler.give(&mut self.spent);
     }

@@ -75,6 +75,7 @@ mod tests {
                 reads: Vec::new(),
                 exec: None,
                 written: Vec::new(),
+                origin: std::thread::current().id(),
             }),
         }
     }

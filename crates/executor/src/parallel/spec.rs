@@ -30,7 +30,10 @@ use revm::{
     primitives::KECCAK_EMPTY,
     state::{AccountInfo, EvmState},
 };
-use std::sync::{PoisonError, RwLock};
+use std::{
+    sync::{PoisonError, RwLock},
+    thread::ThreadId,
+};
 
 /// The account fields a transaction's result can depend on. The code follows from the hash,
 /// but whether the answer carried it does matter: the journal keeps the `code` field as it got
@@ -336,6 +339,9 @@ pub(crate) struct SpecOutcome {
     pub exec: Option<SpecExec>,
     /// Locations published to the multi-version memory for this transaction.
     pub written: Vec<Location>,
+    /// The thread that executed it, and so allocated its parts: the committer frees the
+    /// results it speculated itself and hands the others back (see `recycle.rs`).
+    pub origin: ThreadId,
 }
 
 /// Result of one attempt.
@@ -354,9 +360,16 @@ pub(crate) struct Speculator<'a, DB: StateReader> {
     /// Capacity for the next transaction's read list.
     reads_hint: usize,
     bloom: BloomCache,
+    /// The thread this speculator runs on (it is made there and never moves).
+    thread: ThreadId,
 }
 
 impl<'a, DB: StateReader> Speculator<'a, DB> {
+    /// The thread this speculator runs on.
+    pub(crate) fn thread(&self) -> ThreadId {
+        self.thread
+    }
+
     pub(crate) fn new(shared: &'a SpecShared<'a, DB>, env: EvmEnv) -> Self {
         let db = SpecDb {
             shared,
@@ -373,6 +386,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             writes: Vec::with_capacity(8),
             reads_hint: 8,
             bloom: BloomCache::default(),
+            thread: std::thread::current().id(),
         }
     }
 
@@ -427,12 +441,14 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                         bloom,
                     }),
                     written,
+                    origin: self.thread,
                 }))
             }
             _ => SpecRun::Done(Box::new(SpecOutcome {
                 reads,
                 exec: None,
                 written: Vec::new(),
+                origin: self.thread,
             })),
         }
     }
