@@ -1119,15 +1119,16 @@ pub fn assert_equal(
 }
 
 /// A parallel executor that runs every block with a transaction in parallel, whatever its gas.
-/// With 3 threads it also speculates blocks that are one long chain (which the default hands to
-/// the committer alone), so that path stays tested; with 4 the committer never runs ahead of
-/// speculation (`speculate_all`), so every transaction goes through validation.
+/// With 3 or 4 threads it also speculates blocks that are one long chain (which the default
+/// hands to the committer alone), so that path stays tested; with 4 the committer never runs
+/// ahead of speculation (`speculate_all`), so every transaction goes through validation and a
+/// test can count on speculative results being committed whatever the timing.
 pub fn parallel(threads: usize) -> ParallelExecutor {
     ParallelExecutor::new(ParallelConfig {
         threads,
         min_txs_for_parallel: 0,
         min_gas_for_parallel: 0,
-        chain_fallback: threads != 3,
+        chain_fallback: !matches!(threads, 3 | 4),
         speculate_all: threads == 4,
         ..Default::default()
     })
