@@ -3,8 +3,8 @@
 //! (with collisions), SELFDESTRUCT, transient storage, the coinbase balance, BLOCKHASH,
 //! reverts, out-of-gas loops, every precompile of the fork (valid and invalid input), logs,
 //! EIP-6110 deposits, contracts destroyed in their constructor and reads of what the block's
-//! system calls wrote, an account sponsoring its own EIP-7702 authorization, with heavy conflicts (hot senders, a hot recipient, a few shared contracts
-//! and slots).
+//! system calls wrote, an account sponsoring its own EIP-7702 authorization, with heavy
+//! conflicts (hot senders, a hot recipient, a few shared contracts and slots).
 
 #![allow(dead_code)]
 
@@ -87,7 +87,7 @@ impl Fork {
 pub const DEPOSIT_CONTRACT: Address = Address::new([0xde; 20]);
 
 /// Offset of the index field's bytes in [`deposit_event_data`].
-const DEPOSIT_INDEX_AT: usize = 544;
+pub const DEPOSIT_INDEX_AT: usize = 544;
 
 /// The data of a well-formed EIP-6110 `DepositEvent`: five ABI-encoded byte strings of the
 /// sizes the request parser requires (pubkey 48, withdrawal credentials 32, amount 8,
