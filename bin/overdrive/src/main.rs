@@ -100,7 +100,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_counts_are_refused_at_the_command_line() {
+    fn zero_counts_and_oversized_prefaults_are_refused() {
         let refused = [
             &["bench", "exec", "--threads", "0"][..],
             &["bench", "exec", "--blocks", "0"],
@@ -111,6 +111,8 @@ mod tests {
             &["bench", "trie", "--transfers", "0"],
             &["ef-tests", "x.json", "--threads", "0"],
             &["ef-tests", "x.json", "--trie-threads", "0"],
+            &["bench", "exec", "--prefault-heap", "70000"],
+            &["bench", "trie", "--prefault-heap", "-1"],
         ];
         for args in refused {
             let argv = std::iter::once("overdrive").chain(args.iter().copied());
@@ -128,6 +130,8 @@ mod tests {
                 "1",
             ][..],
             &["bench", "trie", "--threads", "1", "--blocks", "1"],
+            &["bench", "exec", "--prefault-heap", "0"],
+            &["bench", "trie", "--prefault-heap", "65536"],
             &[
                 "ef-tests",
                 "x.json",

@@ -7,7 +7,8 @@
 //!   execute against until the MDBX store exists.
 //! - [`RecoveredBlock`]: a block whose transaction senders are already recovered, the input of
 //!   every executor.
-//! - [`prefetch`]: a cache prefetch hint for code that walks large tables.
+//! - [`prefetch`]: a cache prefetch hint for code that walks large tables; [`prefault_heap`]:
+//!   warms a fresh process's heap before measured work.
 
 mod block;
 mod chain_spec;
@@ -16,7 +17,7 @@ mod state;
 
 pub use block::{BlockError, RecoveredBlock};
 pub use chain_spec::{ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address};
-pub use mem::prefetch;
+pub use mem::{prefault_heap, prefetch};
 pub use state::{MemAccount, MemState};
 
 /// Re-exports of the hardfork vocabulary so downstream crates name one source.

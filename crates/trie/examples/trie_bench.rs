@@ -1,5 +1,5 @@
 //! Runs the trie benchmark: `cargo run --release -p overdrive-trie --example trie_bench --
-//! --accounts 100000 --blocks 10 --threads 2 [--transfers 6000] [--seed 1] [--no-pin] [--json]`.
+//! --accounts 100000 --blocks 10 --threads 2 [--transfers 6000] [--seed 1] [--no-pin] [--prefault-heap MiB] [--json]`.
 
 use overdrive_trie::bench::{TrieBenchConfig, run};
 
@@ -21,6 +21,7 @@ fn main() {
             "--threads" => cfg.threads = value("--threads") as usize,
             "--transfers" => cfg.transfers = value("--transfers") as usize,
             "--seed" => cfg.seed = value("--seed"),
+            "--prefault-heap" => cfg.prefault_heap_mib = value("--prefault-heap") as usize,
             "--json" => json = true,
             "--no-pin" => cfg.pin_workers = false,
             other => fail(&format!("unknown argument {other}")),

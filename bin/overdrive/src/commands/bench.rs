@@ -8,6 +8,10 @@ use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
+/// `--prefault-heap`'s default: more than the heap grew by in any measured run (≈ 320 MiB
+/// over the runs of 1-gigagas transfer blocks).
+const DEFAULT_PREFAULT_HEAP_MIB: usize = 1024;
+
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Block execution: every executor on the same generated blocks, in one run.
@@ -38,6 +42,12 @@ pub struct TrieArgs {
     /// there are enough cores).
     #[arg(long)]
     no_pin: bool,
+    /// MiB of heap to touch and free before measuring, so that the measured blocks run on a
+    /// warm heap, as a running node's do, rather than paying page faults for the heap's
+    /// growth (see `BENCHMARKS.md`); 0 measures a fresh process's heap.
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_PREFAULT_HEAP_MIB,
+        value_parser = super::prefault_mib)]
+    prefault_heap: usize,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -68,11 +78,16 @@ pub struct ExecArgs {
     /// Timed runs of each executor on each block, the two alternating; the median counts.
     #[arg(long, default_value_t = 3, value_parser = super::positive)]
     repeat: usize,
-    /// Untimed runs of each executor on the first block before measuring (page faults of a
-    /// fresh heap, cold instruction caches and thread start-up would otherwise land in block
-    /// 1's timings).
+    /// Untimed runs of each executor on the first block before measuring (cold instruction
+    /// caches and thread start-up would otherwise land in block 1's timings).
     #[arg(long, default_value_t = 1)]
     warmup: usize,
+    /// MiB of heap to touch and free before measuring, so that the measured blocks run on a
+    /// warm heap, as a running node's do, rather than paying page faults for the heap's
+    /// growth (see `BENCHMARKS.md`); 0 measures a fresh process's heap.
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_PREFAULT_HEAP_MIB,
+        value_parser = super::prefault_mib)]
+    prefault_heap: usize,
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -128,6 +143,7 @@ fn trie(args: TrieArgs) -> eyre::Result<()> {
         transfers: args.transfers,
         seed: args.seed,
         pin_workers: !args.no_pin,
+        prefault_heap_mib: args.prefault_heap,
     };
     let report = overdrive_trie::bench::run(&config)?;
     println!("{report}");
@@ -258,6 +274,11 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     let started = Instant::now();
     let mut workload = overdrive_workload::generate(&config)?;
     tracing::info!(elapsed = ?started.elapsed(), blocks = workload.blocks.len(), "workload generated");
+
+    if args.prefault_heap > 0 {
+        let elapsed = overdrive_primitives::prefault_heap(args.prefault_heap);
+        tracing::info!(mib = args.prefault_heap, ?elapsed, "heap prefaulted");
+    }
 
     let spec = &workload.chain_spec;
     let parallel = ParallelExecutor::new(ParallelConfig {

@@ -12,9 +12,22 @@ pub(crate) fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
+/// The largest `--prefault-heap` accepted, in MiB (64 GiB): a typo of a few more digits would
+/// otherwise ask the kernel for terabytes.
+pub(crate) const MAX_PREFAULT_MIB: usize = 64 << 10;
+
+/// Parses `--prefault-heap` (MiB; 0 turns it off).
+pub(crate) fn prefault_mib(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > MAX_PREFAULT_MIB => Err(format!("must be at most {MAX_PREFAULT_MIB} MiB")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::positive;
+    use super::{MAX_PREFAULT_MIB, positive, prefault_mib};
 
     #[test]
     fn positive_counts_only() {
@@ -22,5 +35,17 @@ mod tests {
         assert!(positive("0").is_err());
         assert!(positive("-1").is_err());
         assert!(positive("two").is_err());
+    }
+
+    #[test]
+    fn prefault_sizes_are_bounded() {
+        assert_eq!(prefault_mib("0"), Ok(0));
+        assert_eq!(prefault_mib("1024"), Ok(1024));
+        assert_eq!(
+            prefault_mib(&MAX_PREFAULT_MIB.to_string()),
+            Ok(MAX_PREFAULT_MIB)
+        );
+        assert!(prefault_mib(&(MAX_PREFAULT_MIB + 1).to_string()).is_err());
+        assert!(prefault_mib("-1").is_err());
     }
 }

@@ -50,6 +50,9 @@ pub struct TrieBenchConfig {
     pub seed: u64,
     /// Pin the tries' workers to cores ([`TrieConfig::pin_workers`]).
     pub pin_workers: bool,
+    /// MiB of heap to touch and free after the set-up, before the first block
+    /// ([`overdrive_primitives::prefault_heap`]); 0 measures on the heap the set-up left.
+    pub prefault_heap_mib: usize,
 }
 
 impl Default for TrieBenchConfig {
@@ -61,6 +64,7 @@ impl Default for TrieBenchConfig {
             transfers: 6_000,
             seed: 1,
             pin_workers: true,
+            prefault_heap_mib: 0,
         }
     }
 }
@@ -389,6 +393,10 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         reth_accounts.update(&flat.accounts, &[], encode_account(&flat.storage_roots))
             == parallel.root()
             && serial.root() == parallel.root();
+    // Without it, the two-thread trie's first blocks pay for the heap's growth: on a
+    // 1M-account run it took 500–4,500 page faults a block (the one-thread trie none), each
+    // 1–12 µs of one of its two threads (BENCHMARKS.md, the trie's twelfth round).
+    overdrive_primitives::prefault_heap(cfg.prefault_heap_mib);
     let setup_s = setup.elapsed().as_secs_f64();
 
     let (mut full_ms, mut reth_ms, mut one_ms, mut par_ms, mut compute_ms) =
@@ -494,6 +502,7 @@ mod tests {
             transfers: 500,
             seed: 3,
             pin_workers: true,
+            prefault_heap_mib: 4,
         };
         let report = run(&cfg).unwrap();
         assert!(report.roots_equal);
