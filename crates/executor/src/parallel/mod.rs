@@ -262,8 +262,7 @@ impl ParallelExecutor {
             AlloyReceiptBuilder::default(),
         );
 
-        // A typical transaction writes three or four locations (sender, a few slots).
-        let mv = MvMemory::with_capacity(block.transactions.len() * 4);
+        let mv = MvMemory::for_block(block.transactions.len());
         let new_code = NewCode::default();
         let shared = SpecShared {
             db,
