@@ -42,9 +42,10 @@ pub struct TrieArgs {
     /// there are enough cores).
     #[arg(long)]
     no_pin: bool,
-    /// MiB of heap to touch and free before measuring, so that the measured blocks run on a
-    /// warm heap, as a running node's do, rather than paying page faults for the heap's
-    /// growth (see `BENCHMARKS.md`); 0 measures a fresh process's heap.
+    /// MiB of heap to touch and free before measuring, with no freed memory going back to the
+    /// OS during the run: the measured blocks run on a warm heap, as a running node's do,
+    /// rather than paying page faults for the heap's growth (see `BENCHMARKS.md`). 0 measures
+    /// a fresh process's heap with the allocator's usual settings.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_PREFAULT_HEAP_MIB,
         value_parser = super::prefault_mib)]
     prefault_heap: usize,
@@ -82,9 +83,10 @@ pub struct ExecArgs {
     /// caches and thread start-up would otherwise land in block 1's timings).
     #[arg(long, default_value_t = 1)]
     warmup: usize,
-    /// MiB of heap to touch and free before measuring, so that the measured blocks run on a
-    /// warm heap, as a running node's do, rather than paying page faults for the heap's
-    /// growth (see `BENCHMARKS.md`); 0 measures a fresh process's heap.
+    /// MiB of heap to touch and free before measuring, with no freed memory going back to the
+    /// OS during the run: the measured blocks run on a warm heap, as a running node's do,
+    /// rather than paying page faults for the heap's growth (see `BENCHMARKS.md`). 0 measures
+    /// a fresh process's heap with the allocator's usual settings.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_PREFAULT_HEAP_MIB,
         value_parser = super::prefault_mib)]
     prefault_heap: usize,
@@ -136,6 +138,10 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
 }
 
 fn trie(args: TrieArgs) -> eyre::Result<()> {
+    if args.prefault_heap > 0 {
+        // First, before the set-up starts any thread.
+        crate::allocator::keep_freed_memory();
+    }
     let config = overdrive_trie::bench::TrieBenchConfig {
         accounts: args.accounts,
         blocks: args.blocks,
@@ -253,6 +259,10 @@ fn txs_for_gas(config: &WorkloadConfig, gas: u64) -> eyre::Result<usize> {
 }
 
 fn exec(args: ExecArgs) -> eyre::Result<()> {
+    if args.prefault_heap > 0 {
+        // First, before the workload generation starts any thread.
+        crate::allocator::keep_freed_memory();
+    }
     let mut config = WorkloadConfig {
         kind: args.workload,
         accounts: args.accounts,
