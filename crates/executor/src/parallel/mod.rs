@@ -47,7 +47,10 @@ use sched::{COMMITTED, Scheduler, lock};
 use spec::{NewCode, SpecRun, SpecShared, Speculator};
 use std::{
     panic::{AssertUnwindSafe, catch_unwind},
-    sync::Mutex,
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 /// Blocks with fewer transactions than this run sequentially by default.
@@ -148,6 +151,10 @@ pub struct ParallelExecutor {
     /// their calls stay chained (see [`LEARNED_BLOCKS`]). Read when a block starts, updated
     /// when it ends.
     learned: Mutex<HashMap<Address, u32>>,
+    /// Distinct locations the last parallel block wrote to its multi-version memory, per
+    /// thousand transactions: the next block's memory is sized from it (see
+    /// [`MvMemory::with_capacity`]).
+    written_per_mille: AtomicUsize,
 }
 
 impl ParallelExecutor {
@@ -168,6 +175,7 @@ impl ParallelExecutor {
             pool,
             last_stats: Mutex::new(None),
             learned: Mutex::new(HashMap::default()),
+            written_per_mille: AtomicUsize::new(1_000),
         }
     }
 
@@ -262,7 +270,9 @@ impl ParallelExecutor {
             AlloyReceiptBuilder::default(),
         );
 
-        let mv = MvMemory::for_block(block.transactions.len());
+        // Room for the locations the last block wrote per transaction, and a quarter more.
+        let expected = n.saturating_mul(self.written_per_mille.load(Ordering::Relaxed)) / 800;
+        let mv = MvMemory::with_capacity(expected, n);
         let new_code = NewCode::default();
         let shared = SpecShared {
             db,
@@ -332,6 +342,10 @@ impl ParallelExecutor {
         }
         if self.config.learn_conflicts {
             self.learn(sched.hints());
+        }
+        if n > 0 {
+            self.written_per_mille
+                .store(mv.locations() * 1_000 / n, Ordering::Relaxed);
         }
         committed?;
         let finishing = std::time::Instant::now();

@@ -164,24 +164,24 @@ fn filter_bit(location: &Location, words: usize) -> (usize, u64) {
 impl MvMemory {
     #[cfg(test)]
     pub(crate) fn new() -> Self {
-        Self::for_block(0)
+        Self::with_capacity(0, 0)
     }
 
-    /// A memory for a block of `txs` transactions.
+    /// A memory for a block of `txs` transactions whose maps have room for `locations`
+    /// written locations; they grow if the block writes more.
     ///
-    /// The maps start with room for one written location per transaction and grow where a
-    /// block writes more. Most blocks write far fewer, because most transactions publish
-    /// nothing (distinct locations written in a 6,000-transaction block: transfer 1,339, ERC20
-    /// 1,685, hybrid 9,622, Uniswap 19,501; a 47,620-transfer mega-block 42,263). A larger table
-    /// spreads the same entries over more memory: at four per transaction, the mega-block's
-    /// table took 50 MB, more than the L3 cache holds (parallel runs of it took 109 ms
-    /// against 104 ms at one per transaction, and Uniswap blocks 162 against 160 ms, growth
-    /// included; medians of 7–8 alternating `exec_bench` runs).
-    pub(crate) fn for_block(txs: usize) -> Self {
-        let per_shard = txs / SHARDS;
+    /// Blocks write very different numbers of locations (distinct locations in a
+    /// 6,000-transaction block: transfer 1,339, ERC20 1,685, hybrid 9,622, Uniswap 19,501; a
+    /// 47,620-transfer mega-block 42,263): most transactions publish nothing. The executor
+    /// sizes a block's memory from the block before, because a larger table spreads the same
+    /// entries over more memory: at four locations per transaction, the mega-block's table took
+    /// 50 MB, more than the L3 cache holds (parallel runs of it took 109 ms against 104 ms at
+    /// one per transaction; medians of 8 alternating `exec_bench` runs).
+    pub(crate) fn with_capacity(locations: usize, txs: usize) -> Self {
+        let per_shard = locations / SHARDS;
         // Sixteen bits per transaction: a few percent of them set on a block whose transactions
         // mostly publish nothing, a fifth when every one publishes four locations.
-        let words = (txs * 16 / 64).next_power_of_two().max(64);
+        let words = (txs.saturating_mul(16) / 64).next_power_of_two().max(64);
         Self {
             shards: (0..SHARDS)
                 .map(|_| Shard {
@@ -194,6 +194,20 @@ impl MvMemory {
             written: (0..words).map(|_| AtomicU64::new(0)).collect(),
             any_wipe: AtomicBool::new(false),
         }
+    }
+
+    /// How many distinct locations were written (each shard locked in turn).
+    pub(crate) fn locations(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| {
+                shard
+                    .map
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len()
+            })
+            .sum()
     }
 
     fn shard(&self, location: &Location) -> std::sync::MutexGuard<'_, HashMap<Location, Versions>> {
@@ -481,5 +495,7 @@ mod tests {
         assert!(matches!(mv.read_storage(a, s, 2), StorageRead::Value(v) if v == U256::from(4)));
         assert!(matches!(mv.read_storage(a, s, 3), StorageRead::Value(v) if v.is_zero()));
         assert!(matches!(mv.read_storage(a, s, 5), StorageRead::Value(v) if v == U256::from(6)));
+        // The slot and the wipe, whatever the number of writers.
+        assert_eq!(mv.locations(), 2);
     }
 }
