@@ -343,9 +343,8 @@ impl ParallelExecutor {
         if self.config.learn_conflicts {
             self.learn(sched.hints());
         }
-        if n > 0 {
-            self.written_per_mille
-                .store(mv.locations() * 1_000 / n, Ordering::Relaxed);
+        if let Some(per_mille) = (mv.locations() * 1_000).checked_div(n) {
+            self.written_per_mille.store(per_mille, Ordering::Relaxed);
         }
         committed?;
         let finishing = std::time::Instant::now();
