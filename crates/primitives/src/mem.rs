@@ -17,8 +17,8 @@ pub fn prefetch(ptr: *const u8, lines: usize) {
     let _ = (ptr, lines);
 }
 
-/// Touches `mib` MiB of newly allocated heap memory, then frees it, and returns how long that
-/// took.
+/// Touches `mib` MiB of newly allocated heap memory (rounded up to 4 MiB chunks), then frees
+/// it. Returns how many MiB it touched and how long that took.
 ///
 /// A fresh process's heap grows during its first blocks, and every page it grows by costs a
 /// page fault: a zeroed page mapped by the kernel, 1–12 µs each on a virtual machine. A block
@@ -29,21 +29,66 @@ pub fn prefetch(ptr: *const u8, lines: usize) {
 /// so that work started right afterwards runs on a warm heap, as a node's does.
 ///
 /// The memory is written, not just allocated: a zeroed allocation may be fresh pages the
-/// allocator never touches. An allocation the allocator refuses ends the warm-up early
-/// (less memory is warmed) rather than the process.
-pub fn prefault_heap(mib: usize) -> std::time::Duration {
-    const CHUNK: usize = 4 << 20;
+/// allocator never touches. It never takes more than half of the memory the kernel reports
+/// available (Linux), so that an oversized request warms less memory instead of waking the
+/// out-of-memory killer; an allocation the allocator refuses also ends it early.
+pub fn prefault_heap(mib: usize) -> (usize, std::time::Duration) {
+    const CHUNK_MIB: usize = 4;
     let start = std::time::Instant::now();
+    let mib = capped(mib, available_mib());
     let mut chunks: Vec<Vec<u8>> = Vec::new();
-    for _ in 0..mib.saturating_mul(1 << 20).div_ceil(CHUNK) {
+    for _ in 0..mib.div_ceil(CHUNK_MIB) {
         let mut chunk = Vec::new();
-        if chunk.try_reserve_exact(CHUNK).is_err() {
+        if chunk.try_reserve_exact(CHUNK_MIB << 20).is_err() {
             break;
         }
-        chunk.resize(CHUNK, 1u8);
+        chunk.resize(CHUNK_MIB << 20, 1u8);
         chunks.push(chunk);
     }
-    // All chunks are live at once, so the allocator's footprint reaches `mib` MiB.
+    let touched = chunks.len() * CHUNK_MIB;
+    // All chunks are live at once, so the allocator's footprint reaches `touched` MiB.
     drop(std::hint::black_box(chunks));
-    start.elapsed()
+    (touched, start.elapsed())
+}
+
+/// `mib`, but at most half of `available` MiB when that is known.
+fn capped(mib: usize, available: Option<usize>) -> usize {
+    available.map_or(mib, |available| mib.min(available / 2))
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in MiB (`None` where there is no such file).
+fn available_mib() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefault_touches_what_is_asked() {
+        assert_eq!(prefault_heap(0).0, 0);
+        // Whole chunks: 5 MiB asked is two 4 MiB chunks (unless this machine has < 16 MiB free).
+        if available_mib().is_none_or(|available| available >= 16) {
+            assert_eq!(prefault_heap(5).0, 8);
+        }
+    }
+
+    #[test]
+    fn prefault_takes_at_most_half_of_the_available_memory() {
+        assert_eq!(capped(1024, None), 1024);
+        assert_eq!(capped(1024, Some(4096)), 1024);
+        assert_eq!(capped(1024, Some(1000)), 500);
+        assert_eq!(capped(usize::MAX, Some(0)), 0);
+    }
+
+    #[test]
+    fn available_memory_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(available_mib().is_some_and(|mib| mib > 0));
+        }
+    }
 }

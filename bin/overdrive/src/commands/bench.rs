@@ -286,8 +286,8 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     tracing::info!(elapsed = ?started.elapsed(), blocks = workload.blocks.len(), "workload generated");
 
     if args.prefault_heap > 0 {
-        let elapsed = overdrive_primitives::prefault_heap(args.prefault_heap);
-        tracing::info!(mib = args.prefault_heap, ?elapsed, "heap prefaulted");
+        let (mib, elapsed) = overdrive_primitives::prefault_heap(args.prefault_heap);
+        tracing::info!(mib, ?elapsed, "heap prefaulted");
     }
 
     let spec = &workload.chain_spec;
