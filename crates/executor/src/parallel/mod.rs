@@ -270,8 +270,11 @@ impl ParallelExecutor {
             AlloyReceiptBuilder::default(),
         );
 
-        // Room for the locations the last block wrote per transaction, and a quarter more.
-        let expected = n.saturating_mul(self.written_per_mille.load(Ordering::Relaxed)) / 800;
+        // Room for the locations the last block wrote per transaction, and a quarter more; at
+        // least one per four transactions, so that a block after one that wrote next to nothing
+        // (a chain left to the committer) does not grow its maps from empty.
+        let expected =
+            (n.saturating_mul(self.written_per_mille.load(Ordering::Relaxed)) / 800).max(n / 4);
         let mv = MvMemory::with_capacity(expected, n);
         let new_code = NewCode::default();
         let shared = SpecShared {
