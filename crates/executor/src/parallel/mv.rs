@@ -78,7 +78,7 @@ const SHARDS: usize = 128;
 /// Versions of one location, sorted by transaction index (each index at most once).
 ///
 /// The indices are kept apart from the entries: every access binary-searches the indices, and
-/// an entry is 112 bytes (an account), so searching pairs of both touched a cache line per step
+/// an entry is 104 bytes (an account), so searching pairs of both touched a cache line per step
 /// (on Uniswap blocks, three quarters of the reads' time was that search's loads).
 ///
 /// Most locations have one writer in a block, and its version lives in the map's slot itself:
