@@ -35,6 +35,9 @@ pub fn prefetch(ptr: *const u8, lines: usize) {
 pub fn prefault_heap(mib: usize) -> (usize, std::time::Duration) {
     const CHUNK_MIB: usize = 4;
     let start = std::time::Instant::now();
+    if mib == 0 {
+        return (0, start.elapsed());
+    }
     let mib = capped(mib, available_mib());
     let mut chunks: Vec<Vec<u8>> = Vec::new();
     for _ in 0..mib.div_ceil(CHUNK_MIB) {

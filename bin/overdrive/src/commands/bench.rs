@@ -21,6 +21,28 @@ pub enum BenchCommand {
     Trie(TrieArgs),
 }
 
+/// How both benchmarks treat the heap.
+#[derive(Debug, Args)]
+struct HeapArgs {
+    /// MiB of heap to touch and free before measuring, with no freed memory going back to the
+    /// OS during the run: the measured blocks run on a warm heap, as a running node's do,
+    /// rather than paying page faults for the heap's growth (see `BENCHMARKS.md`). 0 measures
+    /// a fresh process's heap with the allocator's usual settings.
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_PREFAULT_HEAP_MIB,
+        value_parser = super::prefault_mib)]
+    prefault_heap: usize,
+}
+
+impl HeapArgs {
+    /// On a warm heap, keeps freed memory with the process for the run. Call it first, before
+    /// the set-up starts any thread.
+    fn keep_freed_memory(&self) {
+        if self.prefault_heap > 0 {
+            crate::allocator::keep_freed_memory();
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct TrieArgs {
     /// Accounts in the state (the token's storage holds one balance slot per account).
@@ -42,13 +64,8 @@ pub struct TrieArgs {
     /// there are enough cores).
     #[arg(long)]
     no_pin: bool,
-    /// MiB of heap to touch and free before measuring, with no freed memory going back to the
-    /// OS during the run: the measured blocks run on a warm heap, as a running node's do,
-    /// rather than paying page faults for the heap's growth (see `BENCHMARKS.md`). 0 measures
-    /// a fresh process's heap with the allocator's usual settings.
-    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_PREFAULT_HEAP_MIB,
-        value_parser = super::prefault_mib)]
-    prefault_heap: usize,
+    #[command(flatten)]
+    heap: HeapArgs,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -83,13 +100,8 @@ pub struct ExecArgs {
     /// caches and thread start-up would otherwise land in block 1's timings).
     #[arg(long, default_value_t = 1)]
     warmup: usize,
-    /// MiB of heap to touch and free before measuring, with no freed memory going back to the
-    /// OS during the run: the measured blocks run on a warm heap, as a running node's do,
-    /// rather than paying page faults for the heap's growth (see `BENCHMARKS.md`). 0 measures
-    /// a fresh process's heap with the allocator's usual settings.
-    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_PREFAULT_HEAP_MIB,
-        value_parser = super::prefault_mib)]
-    prefault_heap: usize,
+    #[command(flatten)]
+    heap: HeapArgs,
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -138,10 +150,7 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
 }
 
 fn trie(args: TrieArgs) -> eyre::Result<()> {
-    if args.prefault_heap > 0 {
-        // First, before the set-up starts any thread.
-        crate::allocator::keep_freed_memory();
-    }
+    args.heap.keep_freed_memory();
     let config = overdrive_trie::bench::TrieBenchConfig {
         accounts: args.accounts,
         blocks: args.blocks,
@@ -149,7 +158,7 @@ fn trie(args: TrieArgs) -> eyre::Result<()> {
         transfers: args.transfers,
         seed: args.seed,
         pin_workers: !args.no_pin,
-        prefault_heap_mib: args.prefault_heap,
+        prefault_heap_mib: args.heap.prefault_heap,
     };
     let report = overdrive_trie::bench::run(&config)?;
     println!("{report}");
@@ -259,10 +268,7 @@ fn txs_for_gas(config: &WorkloadConfig, gas: u64) -> eyre::Result<usize> {
 }
 
 fn exec(args: ExecArgs) -> eyre::Result<()> {
-    if args.prefault_heap > 0 {
-        // First, before the workload generation starts any thread.
-        crate::allocator::keep_freed_memory();
-    }
+    args.heap.keep_freed_memory();
     let mut config = WorkloadConfig {
         kind: args.workload,
         accounts: args.accounts,
@@ -285,8 +291,8 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     let mut workload = overdrive_workload::generate(&config)?;
     tracing::info!(elapsed = ?started.elapsed(), blocks = workload.blocks.len(), "workload generated");
 
-    if args.prefault_heap > 0 {
-        let (mib, elapsed) = overdrive_primitives::prefault_heap(args.prefault_heap);
+    if args.heap.prefault_heap > 0 {
+        let (mib, elapsed) = overdrive_primitives::prefault_heap(args.heap.prefault_heap);
         tracing::info!(mib, ?elapsed, "heap prefaulted");
     }
 
