@@ -87,13 +87,18 @@ fn main() {
         "parallel output differs from sequential"
     );
     println!("{kind} accounts {accounts} txs {txs} threads {threads} (equal: true)");
-    // The end-of-block phase (post-execution changes, bundle merge) of every parallel run.
+    // The end-of-block phase (post-execution changes, bundle merge) of every parallel run, and
+    // the committer's time per validated transaction (its critical path in cheap blocks).
     let finishes = std::cell::RefCell::new(Vec::new());
+    let commits = std::cell::RefCell::new(Vec::new());
     let par = || {
         let out = parallel.execute(spec, block, state).expect("par");
-        finishes
-            .borrow_mut()
-            .extend(parallel.last_stats().map(|s| s.finish_ns));
+        if let Some(s) = parallel.last_stats() {
+            finishes.borrow_mut().push(s.finish_ns);
+            commits
+                .borrow_mut()
+                .extend(s.commit_ns.checked_div(s.validated as u64));
+        }
         out
     };
     let print_finish = || {
@@ -105,6 +110,11 @@ fn main() {
                 *median as f64 / 1e6,
                 *min as f64 / 1e6
             );
+        }
+        let mut c = commits.borrow().clone();
+        c.sort_unstable();
+        if let (Some(min), Some(median)) = (c.first(), c.get(c.len() / 2)) {
+            println!("commit per validated transaction: median {median} ns, min {min} ns");
         }
     };
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "par") {
