@@ -10,8 +10,18 @@
 //! while the other core sat idle, for milliseconds (6–11 ms of run-queue wait in blocks that
 //! take 5.5 ms when both cores work; `BENCHMARKS.md`, "Eighth round"). A worker allowed on one
 //! core only is woken on that core.
+//!
+//! [`core_round_trip`] measures what every hand-off between two such workers costs on this
+//! machine: the benchmarks print it, since on a shared host it changes from minute to minute.
 
 use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
+use std::{
+    sync::{
+        Barrier,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 /// Whether a pool's workers are bound to cores.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,9 +70,107 @@ fn pin_cores(threads: usize) -> Option<Vec<core_affinity::CoreId>> {
     (threads <= cores.len()).then(|| cores.into_iter().take(threads).collect())
 }
 
+/// Gives up a [`core_round_trip`] measurement that takes longer than this (a thread
+/// descheduled for long, or two threads that ended up on one core after all).
+const ROUND_TRIP_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The mean time a cache line takes to go from one core to another and back: two threads,
+/// pinned to the first two cores the caller may run on, pass a counter back and forth
+/// `round_trips` times. `None` when there are not two such cores, a thread cannot be pinned,
+/// or the measurement exceeds a second.
+///
+/// Every transaction the parallel executor hands from a worker to the committer, and every
+/// subtree result the trie's workers join, moves a few cache lines between cores, so this is
+/// the unit cost of its coordination. On a virtual machine it depends on where the host
+/// places the two virtual cores: on this project's machine it moved between ≈ 100 and ≈ 500 ns
+/// from one second to the next (`BENCHMARKS.md`, thirteenth round). The caller's own affinity
+/// is left as it was: the two threads are new ones.
+pub fn core_round_trip(round_trips: u32) -> Option<Duration> {
+    let cores = core_affinity::get_core_ids()?;
+    let [first, second, ..] = cores[..] else {
+        return None;
+    };
+    // Odd values are the ping, even ones the pong; `abort` ends both loops.
+    let counter = AtomicU64::new(0);
+    let abort = AtomicBool::new(false);
+    let pinned = Barrier::new(2);
+    let deadline = Instant::now() + ROUND_TRIP_DEADLINE;
+    // Waits until the counter reaches `value`; false on abort or past the deadline (checked
+    // every 1024 spins: reading the clock is slower than a round trip).
+    let wait_for = |value: u64| {
+        let mut spins = 0u32;
+        while counter.load(Ordering::Acquire) != value {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024)
+                && (abort.load(Ordering::Relaxed) || Instant::now() > deadline)
+            {
+                abort.store(true, Ordering::Relaxed);
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        true
+    };
+    std::thread::scope(|scope| {
+        let pong = scope.spawn(|| {
+            let ok = core_affinity::set_for_current(second);
+            pinned.wait();
+            if !ok {
+                abort.store(true, Ordering::Relaxed);
+                return;
+            }
+            for i in 0..u64::from(round_trips) {
+                if !wait_for(2 * i + 1) {
+                    return;
+                }
+                counter.store(2 * i + 2, Ordering::Release);
+            }
+        });
+        let ping = scope.spawn(|| {
+            let ok = core_affinity::set_for_current(first);
+            pinned.wait();
+            if !ok {
+                abort.store(true, Ordering::Relaxed);
+                return None;
+            }
+            let start = Instant::now();
+            for i in 0..u64::from(round_trips) {
+                counter.store(2 * i + 1, Ordering::Release);
+                if !wait_for(2 * i + 2) {
+                    return None;
+                }
+            }
+            Some(start.elapsed() / round_trips.max(1))
+        });
+        // `Some` only when every round trip completed.
+        let measured = ping.join().ok().flatten();
+        // Stops the pong thread if the ping thread gave up.
+        abort.store(true, Ordering::Relaxed);
+        let _ = pong.join();
+        measured
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn core_round_trip_is_measured_on_two_cores() {
+        let cores = core_affinity::get_core_ids().map_or(0, |c| c.len());
+        let measured = core_round_trip(10_000);
+        if cores < 2 {
+            assert_eq!(measured, None);
+            return;
+        }
+        // A core-to-core round trip is tens to hundreds of nanoseconds; a measurement that
+        // ran the two threads on one core would take milliseconds per round trip (or give up).
+        let trip = measured.expect("two cores: measured");
+        assert!(
+            trip > Duration::ZERO && trip < Duration::from_micros(50),
+            "{trip:?}"
+        );
+    }
 
     #[test]
     fn pools_run_work_with_and_without_pinning() {
