@@ -437,10 +437,11 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             match read {
                 Read::Account {
                     address,
-                    observed,
+                    seen,
                     mode,
-                    base,
                 } => {
+                    let observed = &seen.observed();
+                    let base = seen.base();
                     if *mode == ReadMode::Strict {
                         // `State::basic` without the clone: the cached account, or the
                         // pre-state value seeded as a cache miss would load it (and then equal

@@ -78,20 +78,51 @@ pub(crate) enum ReadMode {
 pub(crate) enum Read {
     Account {
         address: Address,
-        observed: Option<Observed>,
+        seen: Seen,
         mode: ReadMode,
-        /// What the pre-state reader returned, when nothing in the block had written the
-        /// account yet: the committer seeds `revm::State`'s cache with it instead of reading the
-        /// pre-state a second time.
-        base: Option<Option<AccountInfo>>,
     },
     Storage {
         address: Address,
         slot: U256,
         value: U256,
-        /// The value came from the pre-state reader (see `Account::base`).
+        /// The value came from the pre-state reader (see [`Seen::Base`]).
         base: bool,
     },
+}
+
+/// What a speculative execution saw of an account.
+///
+/// One of two, never both: a read of the pre-state is kept whole, and what it observed is
+/// derived from it. Keeping both took a read to 200 bytes; every read list goes from the
+/// worker's core to the committer's, a cache line at a time (see
+/// `overdrive_tasks::core_round_trip`).
+#[derive(Debug, Clone)]
+pub(crate) enum Seen {
+    /// What the pre-state reader returned, when nothing in the block had written the account
+    /// yet: the committer seeds `revm::State`'s cache with it instead of reading the pre-state
+    /// a second time.
+    Base(Option<AccountInfo>),
+    /// A value from the multi-version memory (an earlier transaction's write, or the pre-state
+    /// plus lazy credits).
+    Written(Option<Observed>),
+}
+
+impl Seen {
+    /// What the execution observed.
+    pub(crate) fn observed(&self) -> Option<Observed> {
+        match self {
+            Self::Base(info) => Observed::of(info),
+            Self::Written(observed) => *observed,
+        }
+    }
+
+    /// The pre-state reader's value, if that is what was seen.
+    pub(crate) fn base(&self) -> Option<&Option<AccountInfo>> {
+        match self {
+            Self::Base(info) => Some(info),
+            Self::Written(_) => None,
+        }
+    }
 }
 
 /// Why the speculative database refused a read.
@@ -215,9 +246,8 @@ impl<DB: StateReader> Database for SpecDb<'_, DB> {
                 .map_err(|e| self.db_err(e))?;
             self.reads.push(Read::Account {
                 address,
-                observed: Observed::of(&info),
+                seen: Seen::Base(info.clone()),
                 mode: ReadMode::LazyCoinbase,
-                base: Some(info.clone()),
             });
             return Ok(info);
         }
@@ -229,11 +259,14 @@ impl<DB: StateReader> Database for SpecDb<'_, DB> {
         } else {
             ReadMode::Strict
         };
+        let seen = match base {
+            Some(base) => Seen::Base(base),
+            None => Seen::Written(Observed::of(&info)),
+        };
         self.reads.push(Read::Account {
             address,
-            observed: Observed::of(&info),
+            seen,
             mode,
-            base,
         });
         Ok(info)
     }
@@ -491,10 +524,9 @@ pub(crate) fn extract_writes<DB>(
             let read = reads.iter().find_map(|r| match r {
                 Read::Account {
                     address: a,
-                    observed,
+                    seen,
                     mode,
-                    ..
-                } if *a == address => Some((*observed, *mode)),
+                } if *a == address => Some((seen.observed(), *mode)),
                 _ => None,
             });
             let now = Observed::from_info(&account.info);
