@@ -88,7 +88,8 @@ fn main() {
     );
     println!("{kind} accounts {accounts} txs {txs} threads {threads} (equal: true)");
     // The end-of-block phase (post-execution changes, bundle merge) of every parallel run, and
-    // the committer's time per validated transaction (its critical path in cheap blocks).
+    // the committer's commit phase (validations, commits, and the exact re-runs of results
+    // that failed validation) per validated transaction: its critical path in cheap blocks.
     let finishes = std::cell::RefCell::new(Vec::new());
     let commits = std::cell::RefCell::new(Vec::new());
     let par = || {
@@ -114,7 +115,7 @@ fn main() {
         let mut c = commits.borrow().clone();
         c.sort_unstable();
         if let (Some(min), Some(median)) = (c.first(), c.get(c.len() / 2)) {
-            println!("commit per validated transaction: median {median} ns, min {min} ns");
+            println!("commit phase per validated transaction: median {median} ns, min {min} ns");
         }
     };
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "par") {

@@ -11,8 +11,9 @@
 //! take 5.5 ms when both cores work; `BENCHMARKS.md`, "Eighth round"). A worker allowed on one
 //! core only is woken on that core.
 //!
-//! [`core_round_trip`] measures what every hand-off between two such workers costs on this
-//! machine: the benchmarks print it, since on a shared host it changes from minute to minute.
+//! [`core_round_trip`] measures what a hand-off of data between two cores costs on this
+//! machine; the benchmarks print it ([`RoundTrips`]), since on a shared host it changes from
+//! second to second.
 
 use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
 use std::{
@@ -74,23 +75,33 @@ fn pin_cores(threads: usize) -> Option<Vec<core_affinity::CoreId>> {
 /// descheduled for long, or two threads that ended up on one core after all).
 const ROUND_TRIP_DEADLINE: Duration = Duration::from_secs(1);
 
+/// Round trips per [`RoundTrips::measure`]: a few milliseconds.
+pub const ROUND_TRIPS: u32 = 20_000;
+
 /// The mean time a cache line takes to go from one core to another and back: two threads,
 /// pinned to the first two cores the caller may run on, pass a counter back and forth
-/// `round_trips` times. `None` when there are not two such cores, a thread cannot be pinned,
-/// or the measurement exceeds a second.
+/// `round_trips` times (after one untimed round trip that lets both leave their start-up).
+/// `None` when `round_trips` is zero, there are not two such cores, a thread cannot be
+/// started or pinned, or the measurement takes more than a second.
 ///
 /// Every transaction the parallel executor hands from a worker to the committer, and every
 /// subtree result the trie's workers join, moves a few cache lines between cores, so this is
-/// the unit cost of its coordination. On a virtual machine it depends on where the host
-/// places the two virtual cores: on this project's machine it moved between ≈ 100 and ≈ 500 ns
-/// from one second to the next (`BENCHMARKS.md`, thirteenth round). The caller's own affinity
-/// is left as it was: the two threads are new ones.
+/// the unit cost of their coordination. On a virtual machine it depends on where the host
+/// places the virtual cores: on this project's two-core machine it moved between ≈ 60 ns and
+/// ≈ 415 ns from one second to the next (`BENCHMARKS.md`, thirteenth round). On a machine
+/// with more cores, the executor's threads (unpinned, and the caller's own) may run on
+/// another pair than the one measured here, and the first two cores may be hyper-thread
+/// siblings. The caller's own affinity is left as it was: the two threads are new ones.
 pub fn core_round_trip(round_trips: u32) -> Option<Duration> {
+    if round_trips == 0 {
+        return None;
+    }
     let cores = core_affinity::get_core_ids()?;
     let [first, second, ..] = cores[..] else {
         return None;
     };
-    // Odd values are the ping, even ones the pong; `abort` ends both loops.
+    // Round trip `i` (0 untimed) is the ping storing 2i + 1 and the pong 2i + 2; `abort` ends
+    // both loops.
     let counter = AtomicU64::new(0);
     let abort = AtomicBool::new(false);
     let pinned = Barrier::new(2);
@@ -111,44 +122,108 @@ pub fn core_round_trip(round_trips: u32) -> Option<Duration> {
         }
         true
     };
-    std::thread::scope(|scope| {
-        let pong = scope.spawn(|| {
-            let ok = core_affinity::set_for_current(second);
-            pinned.wait();
-            if !ok {
-                abort.store(true, Ordering::Relaxed);
+    let pong = || {
+        let ok = core_affinity::set_for_current(second);
+        pinned.wait();
+        if !ok {
+            abort.store(true, Ordering::Relaxed);
+            return;
+        }
+        for i in 0..=u64::from(round_trips) {
+            if !wait_for(2 * i + 1) {
                 return;
             }
-            for i in 0..u64::from(round_trips) {
-                if !wait_for(2 * i + 1) {
-                    return;
-                }
-                counter.store(2 * i + 2, Ordering::Release);
-            }
-        });
-        let ping = scope.spawn(|| {
-            let ok = core_affinity::set_for_current(first);
-            pinned.wait();
-            if !ok {
-                abort.store(true, Ordering::Relaxed);
+            counter.store(2 * i + 2, Ordering::Release);
+        }
+    };
+    let ping = || {
+        let ok = core_affinity::set_for_current(first);
+        pinned.wait();
+        if !ok {
+            abort.store(true, Ordering::Relaxed);
+            return None;
+        }
+        let mut start = Instant::now();
+        for i in 0..=u64::from(round_trips) {
+            counter.store(2 * i + 1, Ordering::Release);
+            if !wait_for(2 * i + 2) {
                 return None;
             }
-            let start = Instant::now();
-            for i in 0..u64::from(round_trips) {
-                counter.store(2 * i + 1, Ordering::Release);
-                if !wait_for(2 * i + 2) {
-                    return None;
-                }
+            if i == 0 {
+                start = Instant::now();
             }
-            Some(start.elapsed() / round_trips.max(1))
-        });
-        // `Some` only when every round trip completed.
-        let measured = ping.join().ok().flatten();
+        }
+        let elapsed = start.elapsed();
+        (Instant::now() <= deadline).then(|| elapsed / round_trips)
+    };
+    let thread = |name: &str| std::thread::Builder::new().name(name.to_string());
+    std::thread::scope(|scope| {
+        let Ok(pong) = thread("round-trip-pong").spawn_scoped(scope, pong) else {
+            return None;
+        };
+        let measured = match thread("round-trip-ping").spawn_scoped(scope, ping) {
+            // `Some` only when every round trip completed in time.
+            Ok(ping) => ping.join().ok().flatten(),
+            Err(_) => {
+                // The pong thread waits at the barrier for a ping thread that never came.
+                abort.store(true, Ordering::Relaxed);
+                pinned.wait();
+                None
+            }
+        };
         // Stops the pong thread if the ping thread gave up.
         abort.store(true, Ordering::Relaxed);
         let _ = pong.join();
         measured
     })
+}
+
+/// The core-to-core round trips measured over a benchmark run (one per block), for its
+/// report: the state of the machine its parallel figures were taken in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundTrips {
+    /// The measured ones, in nanoseconds.
+    ns: Vec<u64>,
+    /// Attempts that gave no measurement.
+    missed: usize,
+}
+
+impl RoundTrips {
+    /// Measures one ([`core_round_trip`] of [`ROUND_TRIPS`]) and keeps it.
+    pub fn measure(&mut self) -> Option<Duration> {
+        let measured = core_round_trip(ROUND_TRIPS);
+        match measured {
+            Some(t) => self
+                .ns
+                .push(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)),
+            None => self.missed += 1,
+        }
+        measured
+    }
+
+    /// How many were measured.
+    pub fn len(&self) -> usize {
+        self.ns.len()
+    }
+
+    /// Whether none was measured.
+    pub fn is_empty(&self) -> bool {
+        self.ns.is_empty()
+    }
+
+    /// "min A ns, median B ns, max C ns (N of M)", or `None` when none was measured.
+    pub fn summary(&self) -> Option<String> {
+        let mut ns = self.ns.clone();
+        ns.sort_unstable();
+        let (min, max) = (ns.first()?, ns.last()?);
+        // The lower middle one: a measured value, as min and max are.
+        let median = ns[(ns.len() - 1) / 2];
+        Some(format!(
+            "min {min} ns, median {median} ns, max {max} ns ({} of {})",
+            ns.len(),
+            ns.len() + self.missed
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -157,8 +232,12 @@ mod tests {
 
     #[test]
     fn core_round_trip_is_measured_on_two_cores() {
-        let cores = core_affinity::get_core_ids().map_or(0, |c| c.len());
+        let before = core_affinity::get_core_ids();
+        let cores = before.as_ref().map_or(0, Vec::len);
+        assert_eq!(core_round_trip(0), None);
         let measured = core_round_trip(10_000);
+        // The caller's affinity is untouched.
+        assert_eq!(core_affinity::get_core_ids(), before);
         if cores < 2 {
             assert_eq!(measured, None);
             return;
@@ -170,6 +249,21 @@ mod tests {
             trip > Duration::ZERO && trip < Duration::from_micros(50),
             "{trip:?}"
         );
+    }
+
+    #[test]
+    fn round_trips_summarise_what_was_measured() {
+        let mut trips = RoundTrips::default();
+        assert_eq!(trips.summary(), None);
+        trips.ns = vec![300, 100, 200, 400];
+        trips.missed = 1;
+        assert_eq!(
+            trips.summary().as_deref(),
+            Some("min 100 ns, median 200 ns, max 400 ns (4 of 5)")
+        );
+        let measured = trips.measure();
+        assert_eq!(trips.len() + trips.missed, 6);
+        assert_eq!(trips.len(), 4 + usize::from(measured.is_some()));
     }
 
     #[test]

@@ -196,28 +196,6 @@ fn process_cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// Round trips per core-to-core measurement: a few milliseconds.
-const ROUND_TRIPS: u32 = 20_000;
-
-/// Prints the spread of the core-to-core round trips measured during a run, the machine's
-/// state a parallel figure was taken in (nothing when they could not be measured).
-fn print_round_trips(round_trips: &mut [Duration], when: &str) {
-    round_trips.sort_unstable();
-    let ns = |t: &Duration| t.as_nanos();
-    if let (Some(min), Some(median), Some(max)) = (
-        round_trips.first(),
-        round_trips.get(round_trips.len() / 2),
-        round_trips.last(),
-    ) {
-        println!(
-            "core-to-core round trip {when}: min {} ns, median {} ns, max {} ns",
-            ns(min),
-            ns(median),
-            ns(max)
-        );
-    }
-}
-
 /// One timed execution of `block` by `executor`.
 fn timed_once<E: BlockExecutor>(
     executor: &E,
@@ -334,12 +312,11 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     }
     let (mut seq, mut par) = (Timing::default(), Timing::default());
     let (mut txs, mut gas, mut equal) = (0usize, 0u64, true);
-    let mut round_trips = Vec::new();
+    let mut round_trips = overdrive_tasks::RoundTrips::default();
     for block in &mut workload.blocks {
         // What a hand-off between the two cores costs right now (untimed; see
         // `core_round_trip`).
-        let round_trip = overdrive_tasks::core_round_trip(ROUND_TRIPS);
-        round_trips.extend(round_trip);
+        let round_trip = round_trips.measure();
         // Same block, same pre-state, the two executors alternating in this process.
         let (out, t, par_out, p) = timed_pair(&parallel, spec, block, &state, args.repeat)?;
         let block_equal = par_out == out;
@@ -407,7 +384,9 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         args.threads,
         if equal { "equal" } else { "DIFFER" }
     );
-    print_round_trips(&mut round_trips, "before each block");
+    if let Some(summary) = round_trips.summary() {
+        println!("core-to-core round trip before each block: {summary}");
+    }
     let report = ExecReport {
         bench: "exec",
         workload: args.workload.to_string(),

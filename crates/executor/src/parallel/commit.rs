@@ -127,7 +127,8 @@ pub struct CommitStats {
     pub exact: usize,
     /// Transactions the committer executed speculatively while it waited.
     pub helped: usize,
-    /// Nanoseconds spent validating and committing speculative results.
+    /// Nanoseconds spent validating and committing speculative results, the exact re-runs of
+    /// those that failed validation included.
     pub commit_ns: u64,
     /// Nanoseconds spent executing exactly.
     pub exact_ns: u64,
@@ -359,8 +360,8 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         };
         executor.receipts.push(envelope(tx.tx_type(), receipt));
         // `commit_iter` applies each account exactly as `commit` does (same cache update, same
-        // transition); draining keeps the map's table, and the rest of the result (its output
-        // bytes), for their owner to free.
+        // transition). Draining keeps the map's table; it and the rest of the result (its
+        // output bytes) stay in `outcome` for their owner to free.
         executor.evm.db_mut().commit_iter(&mut exec.state.drain());
         self.recycle(outcome);
         Ok(())
@@ -440,7 +441,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     seen,
                     mode,
                 } => {
-                    let observed = &seen.observed();
+                    let observed = seen.observed();
                     let base = seen.base();
                     if *mode == ReadMode::Strict {
                         // `State::basic` without the clone: the cached account, or the
@@ -449,7 +450,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                         match db.cache.accounts.entry(*address) {
                             hash_map::Entry::Occupied(entry) => {
                                 let now = entry.get().account.as_ref().map(|a| &a.info);
-                                if now.map(Observed::from_info) != *observed {
+                                if now.map(Observed::from_info) != observed {
                                     return Err(Invalid);
                                 }
                                 continue;
@@ -470,22 +471,22 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                             cached.account.as_ref().is_some_and(|a| !a.info.is_empty())
                         })
                     {
-                        defer = Some((*address, *observed));
+                        defer = Some((*address, observed));
                         continue;
                     }
                     let now = db.basic(*address).map_err(|_| Invalid)?;
                     match mode {
                         ReadMode::Strict => {
-                            if Observed::of(&now) != *observed {
+                            if Observed::of(&now) != observed {
                                 return Err(Invalid);
                             }
                         }
-                        ReadMode::LazyCoinbase => lazy[0] = Some((*address, now, *observed)),
+                        ReadMode::LazyCoinbase => lazy[0] = Some((*address, now, observed)),
                         ReadMode::LazyRecipient => {
                             if now.as_ref().is_some_and(|i| i.code_hash != KECCAK_EMPTY) {
                                 return Err(Invalid);
                             }
-                            lazy[1] = Some((*address, now, *observed));
+                            lazy[1] = Some((*address, now, observed));
                         }
                     }
                 }
