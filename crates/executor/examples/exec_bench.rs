@@ -102,19 +102,21 @@ fn main() {
         }
         out
     };
+    // Median and minimum of nanosecond samples.
+    let median_min = |samples: &std::cell::RefCell<Vec<u64>>| {
+        let mut v = samples.borrow().clone();
+        v.sort_unstable();
+        Some((*v.get(v.len() / 2)?, *v.first()?))
+    };
     let print_finish = || {
-        let mut f = finishes.borrow().clone();
-        f.sort_unstable();
-        if let (Some(min), Some(median)) = (f.first(), f.get(f.len() / 2)) {
+        if let Some((median, min)) = median_min(&finishes) {
             println!(
                 "finish phase: median {:.2} ms, min {:.2} ms",
-                *median as f64 / 1e6,
-                *min as f64 / 1e6
+                median as f64 / 1e6,
+                min as f64 / 1e6
             );
         }
-        let mut c = commits.borrow().clone();
-        c.sort_unstable();
-        if let (Some(min), Some(median)) = (c.first(), c.get(c.len() / 2)) {
+        if let Some((median, min)) = median_min(&commits) {
             println!("commit phase per validated transaction: median {median} ns, min {min} ns");
         }
     };

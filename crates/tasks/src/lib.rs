@@ -76,7 +76,7 @@ fn pin_cores(threads: usize) -> Option<Vec<core_affinity::CoreId>> {
 const ROUND_TRIP_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Round trips per [`RoundTrips::measure`]: a few milliseconds.
-pub const ROUND_TRIPS: u32 = 20_000;
+const ROUND_TRIPS: u32 = 20_000;
 
 /// The mean time a cache line takes to go from one core to another and back: two threads,
 /// pinned to the first two cores the caller may run on, pass a counter back and forth
@@ -211,7 +211,8 @@ impl RoundTrips {
         self.ns.is_empty()
     }
 
-    /// "min A ns, median B ns, max C ns (N of M)", or `None` when none was measured.
+    /// The report line, "core-to-core round trip before each block: min A ns, median B ns,
+    /// max C ns (N of M)", or `None` when none was measured.
     pub fn summary(&self) -> Option<String> {
         let mut ns = self.ns.clone();
         ns.sort_unstable();
@@ -219,7 +220,8 @@ impl RoundTrips {
         // The lower middle one: a measured value, as min and max are.
         let median = ns[(ns.len() - 1) / 2];
         Some(format!(
-            "min {min} ns, median {median} ns, max {max} ns ({} of {})",
+            "core-to-core round trip before each block: min {min} ns, median {median} ns, max \
+             {max} ns ({} of {})",
             ns.len(),
             ns.len() + self.missed
         ))
@@ -259,7 +261,10 @@ mod tests {
         trips.missed = 1;
         assert_eq!(
             trips.summary().as_deref(),
-            Some("min 100 ns, median 200 ns, max 400 ns (4 of 5)")
+            Some(
+                "core-to-core round trip before each block: min 100 ns, median 200 ns, max 400 \
+                 ns (4 of 5)"
+            )
         );
         let measured = trips.measure();
         assert_eq!(trips.len() + trips.missed, 6);

@@ -385,7 +385,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         if equal { "equal" } else { "DIFFER" }
     );
     if let Some(summary) = round_trips.summary() {
-        println!("core-to-core round trip before each block: {summary}");
+        println!("{summary}");
     }
     let report = ExecReport {
         bench: "exec",

@@ -191,15 +191,17 @@ impl<DB: StateReader> SpecDb<'_, DB> {
         SpecDbError::Db(e.to_string())
     }
 
-    /// The account as transaction `tx` sees it, and the pre-state value when that is what it
-    /// is.
-    #[allow(clippy::type_complexity)]
+    /// The account as transaction `tx` sees it, and how it saw it (the read's record).
     fn resolve_account(
         &mut self,
         address: Address,
-    ) -> Result<(Option<AccountInfo>, Option<Option<AccountInfo>>), SpecDbError> {
+    ) -> Result<(Option<AccountInfo>, Seen), SpecDbError> {
+        let written = |info: Option<AccountInfo>| {
+            let observed = Observed::of(&info);
+            (info, Seen::Written(observed))
+        };
         match self.shared.mv.read_account(address, self.tx) {
-            AccountRead::Value(info) => Ok((info, None)),
+            AccountRead::Value(info) => Ok(written(info)),
             AccountRead::Blocked(tx) => {
                 self.blocked = Some(tx);
                 Err(SpecDbError::Blocked(tx))
@@ -211,22 +213,19 @@ impl<DB: StateReader> SpecDb<'_, DB> {
                     .basic_ref(address)
                     .map_err(|e| self.db_err(e))?;
                 if delta.is_zero() {
-                    return Ok((base.clone(), Some(base)));
+                    return Ok((base.clone(), Seen::Base(base)));
                 }
-                Ok((
-                    Some(match base {
-                        Some(mut info) => {
-                            info.balance = info.balance.saturating_add(delta);
-                            info
-                        }
-                        // Lazy credits created the account.
-                        None => AccountInfo {
-                            balance: delta,
-                            ..Default::default()
-                        },
-                    }),
-                    None,
-                ))
+                Ok(written(Some(match base {
+                    Some(mut info) => {
+                        info.balance = info.balance.saturating_add(delta);
+                        info
+                    }
+                    // Lazy credits created the account.
+                    None => AccountInfo {
+                        balance: delta,
+                        ..Default::default()
+                    },
+                })))
             }
         }
     }
@@ -251,17 +250,13 @@ impl<DB: StateReader> Database for SpecDb<'_, DB> {
             });
             return Ok(info);
         }
-        let (info, base) = self.resolve_account(address)?;
+        let (info, seen) = self.resolve_account(address)?;
         let lazy = self.lazy_recipient == Some(address)
             && info.as_ref().is_none_or(|i| i.code_hash == KECCAK_EMPTY);
         let mode = if lazy {
             ReadMode::LazyRecipient
         } else {
             ReadMode::Strict
-        };
-        let seen = match base {
-            Some(base) => Seen::Base(base),
-            None => Seen::Written(Observed::of(&info)),
         };
         self.reads.push(Read::Account {
             address,

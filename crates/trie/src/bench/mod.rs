@@ -160,7 +160,7 @@ impl fmt::Display for TrieBenchReport {
             self.keccak_calls, self.dirty_nodes
         )?;
         if let Some(summary) = self.core_round_trips.summary() {
-            writeln!(f, "  core-to-core round trip before each block: {summary}")?;
+            writeln!(f, "  {summary}")?;
         }
         write!(f, "  roots equal: {}", self.roots_equal)
     }
