@@ -362,7 +362,18 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         // `commit_iter` applies each account exactly as `commit` does (same cache update, same
         // transition). Draining keeps the map's table; it and the rest of the result (its
         // output bytes) stay in `outcome` for their owner to free.
-        executor.evm.db_mut().commit_iter(&mut exec.state.drain());
+        let db = executor.evm.db_mut();
+        // The speculator shed the accounts' `original_info` (`spec::shed_original_info`),
+        // which `revm::State` reads only for an account missing from its cache, and its
+        // block-access-list builder always.
+        debug_assert!(db.bal_state.bal_builder.is_none());
+        debug_assert!(
+            exec.state
+                .iter()
+                .all(|(address, a)| !a.is_touched() || db.cache.accounts.contains_key(address)),
+            "a touched account of transaction {k} is missing from the committed cache"
+        );
+        db.commit_iter(&mut exec.state.drain());
         self.recycle(outcome);
         Ok(())
     }

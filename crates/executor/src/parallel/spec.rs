@@ -28,7 +28,7 @@ use revm::{
     inspector::NoOpInspector,
     interpreter::interpreter::EthInterpreter,
     primitives::KECCAK_EMPTY,
-    state::{AccountInfo, EvmState},
+    state::{Account, AccountInfo, EvmState},
 };
 use std::{
     sync::{PoisonError, RwLock},
@@ -388,6 +388,9 @@ pub(crate) struct Speculator<'a, DB: StateReader> {
     /// Capacity for the next transaction's read list.
     reads_hint: usize,
     bloom: BloomCache,
+    /// An account with no boxed `original_info` and no code, cloned without allocating or
+    /// touching a shared reference count (see [`shed_original_info`]).
+    blank: Account,
     /// The thread this speculator runs on (it is made there and never moves).
     thread: ThreadId,
 }
@@ -414,6 +417,11 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             writes: Vec::with_capacity(8),
             reads_hint: 8,
             bloom: BloomCache::default(),
+            blank: {
+                let mut blank = Account::new_not_existing(Default::default());
+                blank.info.code = None;
+                blank
+            },
             thread: std::thread::current().id(),
         }
     }
@@ -440,7 +448,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
         let tx_env: TxEnv = tx.to_tx_env();
         self.evm.ctx().set_tx(tx_env);
         let result = SpecHandler(std::marker::PhantomData).run(&mut self.evm);
-        let state = self.evm.ctx().journal_mut().finalize();
+        let mut state = self.evm.ctx().journal_mut().finalize();
         let db = self.evm.ctx().db_mut();
         if let Some(tx) = db.blocked {
             return SpecRun::Blocked(tx);
@@ -461,6 +469,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                     Vec::new()
                 };
                 let bloom = self.bloom.bloom(result.logs());
+                shed_original_info(&mut state, &self.blank);
                 SpecRun::Done(Box::new(SpecOutcome {
                     reads,
                     exec: Some(SpecExec {
@@ -479,6 +488,29 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                 origin: self.thread,
             })),
         }
+    }
+}
+
+/// Frees, here on the thread that allocated them, the copies of the loaded accounts' info the
+/// journal boxes for each (`Account::original_info`), by moving each account's data into a
+/// clone of `blank`.
+///
+/// Left in place, each box was freed by the committer inside `revm::State`'s commit: a
+/// cross-thread free (an atomic push the allocating thread collects later) of a cache line the
+/// committer read from this core first. Nothing the committer does reads them:
+/// `revm::State` consults `original_info` only for an account missing from its cache, and
+/// the committer has put every account a result touches there while validating its reads
+/// (each account the journal holds was loaded through [`SpecDb`], which records the read).
+/// The block-access-list builder reads them too; the committer's state has none (asserted
+/// there).
+fn shed_original_info(state: &mut EvmState, blank: &Account) {
+    for account in state.values_mut() {
+        let mut fresh = blank.clone();
+        fresh.transaction_id = account.transaction_id;
+        fresh.status = account.status;
+        std::mem::swap(&mut fresh.info, &mut account.info);
+        std::mem::swap(&mut fresh.storage, &mut account.storage);
+        *account = fresh;
     }
 }
 
