@@ -10,7 +10,7 @@
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
 //!   its children's stored references and only the nodes on changed paths are rewritten.
 //!   Changed nodes are hashed in batches, height by height, eight per pass where the CPU has
-//!   AVX-512 (`keccak` module; [`TrieConfig::batch_hashing`]).
+//!   AVX-512 and four where it has AVX2 (`keccak` module; [`TrieConfig::batch_hashing`]).
 //! - [`RawTrie`]: the same engine over raw keys of any length (the ethereum/tests vectors).
 //! - [`reference`](mod@reference): the root by a full alloy-trie `HashBuilder` build, the
 //!   definition the trie is tested against.

@@ -31,9 +31,9 @@ pub struct TrieConfig {
     /// the root and at any depth below it — or with more, where this is less than a quarter of
     /// a worker's share of its trie's updates (see `TASKS_PER_THREAD`).
     pub parallel_threshold: usize,
-    /// Hash a block's changed nodes in batches, eight per pass where the CPU has AVX-512
-    /// (see the `keccak` module); on by default exactly there. Without that CPU support
-    /// batching only adds work.
+    /// Hash a block's changed nodes in batches, eight per pass where the CPU has AVX-512 and
+    /// four where it has AVX2 (see the `keccak` module); on by default exactly there. Without
+    /// that CPU support batching only adds work.
     pub batch_hashing: bool,
     /// Pin each worker of the pool [`StateTrie::new`] starts to its own core (when there are
     /// at least as many cores as workers; see `overdrive_tasks::Pinning`). On by default:
