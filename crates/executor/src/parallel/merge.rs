@@ -141,7 +141,15 @@ struct Reverts {
 /// transition has a revert; [`into_bundle`] removes the others).
 fn presents(transitions: &AddressMap<TransitionAccount>) -> Presents {
     let mut part = Presents {
-        accounts: AddressMap::with_capacity_and_hasher(transitions.len(), Default::default()),
+        // The transitions' own hasher: walked in table order, the transitions then land in
+        // the same order in a table of the same size, so the ≈ 200-byte accounts are written
+        // one after another instead of all over 3 MB (each map has its own random seed; with
+        // a fresh one the presents took 2.6–3.1 ms of a 6,000-transfer block, with this one
+        // 1.6–1.7).
+        accounts: AddressMap::with_capacity_and_hasher(
+            transitions.len(),
+            transitions.hasher().clone(),
+        ),
         ..Presents::default()
     };
     for (address, transition) in transitions {
