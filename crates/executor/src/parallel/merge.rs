@@ -100,8 +100,11 @@ fn revert_of(transition: &TransitionAccount) -> Option<AccountRevert> {
     } else {
         AccountInfoRevert::DoNothing
     };
-    let mut storage =
-        StorageKeyMap::with_capacity_and_hasher(transition.storage.len(), Default::default());
+    // The slots' own hasher, so that they are written in order (see `presents`).
+    let mut storage = StorageKeyMap::with_capacity_and_hasher(
+        transition.storage.len(),
+        transition.storage.hasher().clone(),
+    );
     storage.extend(
         transition
             .storage
