@@ -61,13 +61,13 @@ pub(super) fn supported() -> bool {
 /// The Keccak-256 of four inputs that take the same number of permutations ([`blocks`]).
 ///
 /// # Panics
-/// If the inputs' block counts differ, or (in debug builds) the CPU lacks AVX2.
+/// If the inputs' block counts differ, or the CPU lacks AVX2.
 pub(super) fn keccak256_x4(inputs: [&[u8]; 4]) -> [B256; 4] {
     let n = blocks(inputs[0].len());
     assert!(inputs.iter().all(|input| blocks(input.len()) == n));
-    debug_assert!(supported());
-    // SAFETY: callers reach this only where `supported()` said the CPU has AVX2 (the
-    // `keccak` module's dispatch checks it once per process).
+    // The standard library caches the detection: an atomic load per call of ≈ 600 ns.
+    assert!(supported(), "the four-way Keccak needs AVX2");
+    // SAFETY: the CPU has AVX2, checked just above.
     unsafe { sponge(inputs, n) }
 }
 
@@ -213,11 +213,8 @@ mod tests {
     }
 
     #[test]
-    #[should_panic]
+    #[should_panic(expected = "blocks(input.len()) == n")]
     fn unequal_block_counts_are_refused() {
-        if !supported() {
-            panic!("nothing to check without AVX2");
-        }
         keccak256_x4([&[0u8; 10], &[0u8; 10], &[0u8; 200], &[0u8; 10]]);
     }
 }
