@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The executor's and the trie's speed targets (issues 3 and 4), measured ROUNDS times each and
+# summed up per target: every round's figure, the median, and in how many rounds it was met.
+#
+# On this project's 2-core VM one run of a command cannot settle a target near 1.8x: the same
+# binary's speedup moves by ±15 % from minute to minute (BENCHMARKS.md). This script runs the
+# issues' exact commands in interleaved rounds (every command once per round), so a slow stretch
+# of the host lands on all of them alike, and reports what the rounds support. Every figure is
+# still a ratio measured inside one run of the benchmark (new against reference, same blocks,
+# same process); the script only repeats the runs and reads their JSON lines.
+#
+#   scripts/targets.sh [BIN]            # BIN: a release `overdrive` (default: built here)
+#
+# Environment: ROUNDS (default 5), THREADS (default 2, the issues' table), OUT (a directory for
+# the raw JSON lines and the benchmarks' logs). Stops at the first run whose outputs or roots
+# differ.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN="${1:-}"
+if [[ -z "$BIN" ]]; then
+  cargo build --release --locked -q -p overdrive
+  BIN=./target/release/overdrive
+fi
+ROUNDS="${ROUNDS:-5}"
+THREADS="${THREADS:-2}"
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+trap 'echo "a benchmark failed; its log: $OUT/bench.log" >&2' ERR
+
+# The value of a numeric or boolean field of a one-line JSON object.
+field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
+
+# One figure per line of FILE: "ROUNDS_FIGURES | MEDIAN | HITS/N" for a target of `>= GOAL`
+# (or `<= GOAL` when OP is "le").
+summary() {
+  local file="$1" goal="$2" op="${3:-ge}"
+  sort -g "$file" | awk -v goal="$goal" -v op="$op" '
+    { v[NR] = $1 }
+    END {
+      n = NR; hits = 0
+      for (i = 1; i <= n; i++) if ((op == "ge" && v[i] >= goal) || (op == "le" && v[i] <= goal)) hits++
+      med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      printf "%.2f–%.2f | %.2f | %d/%d", v[1], v[n], med, hits, n
+    }'
+}
+
+exec_run() { # workload threads
+  local json
+  json=$("$BIN" bench exec --workload "$1" --accounts 100000 --txs 6000 --blocks 5 \
+    --threads "$2" --json 2>>"$OUT/bench.log" | tail -1)
+  echo "$json" >>"$OUT/exec.jsonl"
+  if [[ "$(field equal "$json")" != "true" ]]; then
+    echo "outputs differ: $1, $2 threads: $json" >&2
+    exit 1
+  fi
+  field speedup "$json" >>"$OUT/exec-$1-t$2"
+  field cpu_ratio "$json" >>"$OUT/exec-$1-t$2-cpu"
+}
+
+trie_run() { # accounts blocks
+  local json
+  json=$("$BIN" bench trie --accounts "$1" --blocks "$2" --threads "$THREADS" --json \
+    2>>"$OUT/bench.log" | tail -1)
+  echo "$json" >>"$OUT/trie.jsonl"
+  if [[ "$(field roots_equal "$json")" != "true" ]]; then
+    echo "roots differ: $1 accounts: $json" >&2
+    exit 1
+  fi
+  local b c d k dirty
+  b=$(field reth_style_ms "$json")
+  c=$(field overdrive_1t_ms "$json")
+  d=$(field overdrive_ms "$json")
+  k=$(field keccak_calls "$json")
+  dirty=$(field dirty_nodes "$json")
+  awk -v c="$c" -v d="$d" 'BEGIN { print c / d }' >>"$OUT/trie-$1-cd"
+  awk -v b="$b" -v c="$c" 'BEGIN { print b / c }' >>"$OUT/trie-$1-bc"
+  echo "$d" >>"$OUT/trie-$1-d"
+  awk -v k="$k" -v n="$dirty" 'BEGIN { print k / n }' >>"$OUT/trie-$1-keccak"
+}
+
+WORKLOADS="erc20 uniswap transfer hybrid chained"
+for r in $(seq "$ROUNDS"); do
+  echo "round $r of $ROUNDS ($(date +%T))" >&2
+  for w in $WORKLOADS; do exec_run "$w" "$THREADS"; done
+  exec_run erc20 1
+  trie_run 10000 10
+  trie_run 100000 10
+  trie_run 1000000 5
+done
+
+echo "## Targets: $ROUNDS interleaved rounds ($(nproc) cores, $(date -u +%F))"
+echo
+echo "| target | figure | rounds (min–max) | median | met in |"
+echo "| --- | --- | --- | --- | --- |"
+echo "| erc20 ≥ 1.8 | speedup | $(summary "$OUT/exec-erc20-t$THREADS" 1.8) |"
+echo "| uniswap ≥ 1.8 | speedup | $(summary "$OUT/exec-uniswap-t$THREADS" 1.8) |"
+echo "| transfer ≥ 1.6 | speedup | $(summary "$OUT/exec-transfer-t$THREADS" 1.6) |"
+echo "| hybrid ≥ 1.4 | speedup | $(summary "$OUT/exec-hybrid-t$THREADS" 1.4) |"
+echo "| chained ≥ 0.95 | speedup | $(summary "$OUT/exec-chained-t$THREADS" 0.95) |"
+echo "| chained cpu ≤ 1.15 | cpu_ratio | $(summary "$OUT/exec-chained-t$THREADS-cpu" 1.15 le) |"
+echo "| erc20 \`--threads 1\` ≥ 0.9 | speedup | $(summary "$OUT/exec-erc20-t1" 0.9) |"
+for n in 100000 1000000; do
+  echo "| trie $n: (d) ≥ 1.8x (c) | (c)/(d) | $(summary "$OUT/trie-$n-cd" 1.8) |"
+  echo "| trie $n: (c) ≥ 2x (b) | (b)/(c) | $(summary "$OUT/trie-$n-bc" 2) |"
+  echo "| trie $n: keccak ≤ dirty | calls/nodes | $(summary "$OUT/trie-$n-keccak" 1 le) |"
+done
+echo "| trie 100000: (d) ≤ 21 ms | ms | $(summary "$OUT/trie-100000-d" 21 le) |"
+echo "| trie 1000000: (d) ≤ 46 ms | ms | $(summary "$OUT/trie-1000000-d" 46 le) |"
+# 1M against 10k, round by round (both from the same round).
+paste "$OUT/trie-1000000-d" "$OUT/trie-10000-d" | awk '{ print $1 / $2 }' >"$OUT/trie-scale"
+echo "| trie (d) 1M ≤ 2.5x 10k | 1M/10k | $(summary "$OUT/trie-scale" 2.5 le) |"
+echo
+echo "raw JSON lines and logs: $OUT" >&2
