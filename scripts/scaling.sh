@@ -10,21 +10,10 @@
 # TRIE_ACCOUNTS (default "100000 1000000"), OUT (a directory for the raw JSON lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN="${1:-}"
-if [[ -z "$BIN" ]]; then
-  cargo build --release --locked -q -p overdrive
-  BIN=./target/release/overdrive
-fi
+source scripts/bench-common.sh "$@"
 THREADS="${THREADS:-1 2 4 8 16}"
 WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router}"
 TRIE_ACCOUNTS="${TRIE_ACCOUNTS:-100000 1000000}"
-OUT="${OUT:-$(mktemp -d)}"
-mkdir -p "$OUT"
-# The benchmarks' logs go to a file: the tables stay readable, and a failed run says where to look.
-trap 'echo "a benchmark failed; its log: $OUT/bench.log" >&2' ERR
-
-# The value of a numeric or boolean field of a one-line JSON object.
-field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
 # A number with two decimals, and a quotient (awk: bc is not on every machine).
 fmt() { awk -v x="$1" 'BEGIN { printf "%.2f", x }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }

@@ -16,21 +16,11 @@
 # differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN="${1:-}"
-if [[ -z "$BIN" ]]; then
-  cargo build --release --locked -q -p overdrive
-  BIN=./target/release/overdrive
-fi
+source scripts/bench-common.sh "$@"
 ROUNDS="${ROUNDS:-5}"
 THREADS="${THREADS:-2}"
-OUT="${OUT:-$(mktemp -d)}"
-mkdir -p "$OUT"
-trap 'echo "a benchmark failed; its log: $OUT/bench.log" >&2' ERR
 
-# The value of a numeric or boolean field of a one-line JSON object.
-field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
-
-# One figure per line of FILE: "ROUNDS_FIGURES | MEDIAN | HITS/N" for a target of `>= GOAL`
+# One figure per line of FILE, summed up as "MIN–MAX | MEDIAN | HITS/N" for a target of `>= GOAL`
 # (or `<= GOAL` when OP is "le").
 summary() {
   local file="$1" goal="$2" op="${3:-ge}"
