@@ -14,3 +14,28 @@ trap 'echo "a benchmark failed; its log: $OUT/bench.log" >&2' ERR
 
 # The value of a numeric or boolean field of a one-line JSON object.
 field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
+
+# One `bench exec` run of the issues' block shape (100k accounts, 6,000 txs x 5 blocks):
+# bench_exec WORKLOAD THREADS. Its JSON line goes to $OUT/exec.jsonl and to $JSON; outputs
+# that differ from sequential stop the script.
+bench_exec() {
+  JSON=$("$BIN" bench exec --workload "$1" --accounts 100000 --txs 6000 --blocks 5 \
+    --threads "$2" --json 2>>"$OUT/bench.log" | tail -1)
+  echo "$JSON" >>"$OUT/exec.jsonl"
+  if [[ "$(field equal "$JSON")" != "true" ]]; then
+    echo "outputs differ: $1, $2 threads: $JSON" >&2
+    exit 1
+  fi
+}
+
+# One `bench trie` run: bench_trie ACCOUNTS BLOCKS THREADS. Its JSON line goes to
+# $OUT/trie.jsonl and to $JSON; roots that differ stop the script.
+bench_trie() {
+  JSON=$("$BIN" bench trie --accounts "$1" --blocks "$2" --threads "$3" --json \
+    2>>"$OUT/bench.log" | tail -1)
+  echo "$JSON" >>"$OUT/trie.jsonl"
+  if [[ "$(field roots_equal "$JSON")" != "true" ]]; then
+    echo "roots differ: $1 accounts, $3 threads: $JSON" >&2
+    exit 1
+  fi
+}

@@ -31,14 +31,8 @@ header "workload \\ threads"
 for w in $WORKLOADS; do
   row="| $w |"
   for t in $THREADS; do
-    json=$("$BIN" bench exec --workload "$w" --accounts 100000 --txs 6000 --blocks 5 \
-      --threads "$t" --json 2>>"$OUT/bench.log" | tail -1)
-    echo "$json" >>"$OUT/exec.jsonl"
-    if [[ "$(field equal "$json")" != "true" ]]; then
-      echo "outputs differ: $w, $t threads: $json" >&2
-      exit 1
-    fi
-    row+=" $(fmt "$(field speedup "$json")") ($(fmt "$(field cpu_ratio "$json")")) |"
+    bench_exec "$w" "$t"
+    row+=" $(fmt "$(field speedup "$JSON")") ($(fmt "$(field cpu_ratio "$JSON")")) |"
   done
   echo "$row"
 done
@@ -50,14 +44,9 @@ header "accounts \\ threads"
 for n in $TRIE_ACCOUNTS; do
   row="| $n |"
   for t in $THREADS; do
-    json=$("$BIN" bench trie --accounts "$n" --blocks 10 --threads "$t" --json 2>>"$OUT/bench.log" | tail -1)
-    echo "$json" >>"$OUT/trie.jsonl"
-    if [[ "$(field roots_equal "$json")" != "true" ]]; then
-      echo "roots differ: $n accounts, $t threads: $json" >&2
-      exit 1
-    fi
-    par=$(field overdrive_ms "$json")
-    row+=" $(fmt "$par") ($(ratio "$(field overdrive_1t_ms "$json")" "$par")x) |"
+    bench_trie "$n" 10 "$t"
+    par=$(field overdrive_ms "$JSON")
+    row+=" $(fmt "$par") ($(ratio "$(field overdrive_1t_ms "$JSON")" "$par")x) |"
   done
   echo "$row"
 done

@@ -35,33 +35,19 @@ summary() {
 }
 
 exec_run() { # workload threads
-  local json
-  json=$("$BIN" bench exec --workload "$1" --accounts 100000 --txs 6000 --blocks 5 \
-    --threads "$2" --json 2>>"$OUT/bench.log" | tail -1)
-  echo "$json" >>"$OUT/exec.jsonl"
-  if [[ "$(field equal "$json")" != "true" ]]; then
-    echo "outputs differ: $1, $2 threads: $json" >&2
-    exit 1
-  fi
-  field speedup "$json" >>"$OUT/exec-$1-t$2"
-  field cpu_ratio "$json" >>"$OUT/exec-$1-t$2-cpu"
+  bench_exec "$1" "$2"
+  field speedup "$JSON" >>"$OUT/exec-$1-t$2"
+  field cpu_ratio "$JSON" >>"$OUT/exec-$1-t$2-cpu"
 }
 
 trie_run() { # accounts blocks
-  local json
-  json=$("$BIN" bench trie --accounts "$1" --blocks "$2" --threads "$THREADS" --json \
-    2>>"$OUT/bench.log" | tail -1)
-  echo "$json" >>"$OUT/trie.jsonl"
-  if [[ "$(field roots_equal "$json")" != "true" ]]; then
-    echo "roots differ: $1 accounts: $json" >&2
-    exit 1
-  fi
+  bench_trie "$1" "$2" "$THREADS"
   local b c d k dirty
-  b=$(field reth_style_ms "$json")
-  c=$(field overdrive_1t_ms "$json")
-  d=$(field overdrive_ms "$json")
-  k=$(field keccak_calls "$json")
-  dirty=$(field dirty_nodes "$json")
+  b=$(field reth_style_ms "$JSON")
+  c=$(field overdrive_1t_ms "$JSON")
+  d=$(field overdrive_ms "$JSON")
+  k=$(field keccak_calls "$JSON")
+  dirty=$(field dirty_nodes "$JSON")
   awk -v c="$c" -v d="$d" 'BEGIN { print c / d }' >>"$OUT/trie-$1-cd"
   awk -v b="$b" -v c="$c" 'BEGIN { print b / c }' >>"$OUT/trie-$1-bc"
   echo "$d" >>"$OUT/trie-$1-d"
