@@ -107,8 +107,12 @@ impl HashedPostState {
     /// Folds `later` into `self`, as if both were applied in order.
     pub fn extend(&mut self, later: Self) {
         for (address, account) in later.accounts {
-            if account.is_none() {
-                // A later re-create must not see the storage from before the deletion.
+            // An account deleted on either side and set again after it (later in `later`, or
+            // by `later` itself) must not see the storage from before the deletion. A deletion
+            // already in `self` carries no wipe of its own (`from_bundle` records it as `None`
+            // alone), so re-creating the account in `later` adds one here.
+            let deleted_before = matches!(self.accounts.get(&address), Some(None));
+            if account.is_none() || deleted_before {
                 self.storages.insert(
                     address,
                     HashedStorage {

@@ -872,8 +872,10 @@ mod tests {
                 TrieConfig { threads: 2, parallel_threshold: 2, batch_hashing: false, pin_workers: false },
             )
             .unwrap();
+            let mut diffs = Vec::with_capacity(blocks.len());
             for ops in &blocks {
                 let diff = apply_block(&mut model, ops);
+                diffs.push(diff.clone());
                 let a = serial.apply(&diff).unwrap();
                 let b = parallel.apply(&diff).unwrap();
                 let c = minimal.apply(&diff).unwrap();
@@ -890,6 +892,18 @@ mod tests {
                     prop_assert_eq!(a.stats.dirty_nodes, other.stats.dirty_nodes);
                     prop_assert_eq!(a.stats.keccak_calls, other.stats.keccak_calls);
                 }
+            }
+            // The first block applied alone, then the rest folded into one diff (`extend`,
+            // starting from the second block's own diff rather than an empty one): the same
+            // root as applying every block in turn.
+            if let [first, second, rest @ ..] = diffs.as_slice() {
+                let mut folded = second.clone();
+                for diff in rest {
+                    folded.extend(diff.clone());
+                }
+                let mut split = trie_hashing(2, 2, true);
+                split.apply(first).unwrap();
+                prop_assert_eq!(split.apply(&folded).unwrap().root, reference::state_root(&model));
             }
             prop_assert_eq!(minimal.store().nodes(TrieId::Account), serial.store().nodes(TrieId::Account));
             let storage_tries: BTreeSet<TrieId> = serial.store().storage_owners().into_iter().map(TrieId::Storage).collect();
@@ -1087,6 +1101,61 @@ mod tests {
             .storage
             .extend(old_storage.into_iter().filter(|(k, _)| *k != U256::from(3)));
         assert_ne!(reference::state_root(&kept), out.root);
+    }
+
+    /// Two blocks' diffs folded with `HashedPostState::extend` give the root of applying them
+    /// in order, when the first deletes an account with storage and the second re-creates it:
+    /// the re-created account starts with empty storage (`from_bundle` records the deletion as
+    /// `None` alone, with no wipe, so the fold must add it).
+    #[test]
+    fn folded_delete_then_recreate_drops_old_storage() {
+        let contract = address(1);
+        let mut model = MemState::default();
+        model.accounts.insert(
+            contract,
+            MemAccount {
+                info: info(1, 10, true),
+                storage: (1..20u64).map(|i| (U256::from(i), U256::from(i))).collect(),
+            },
+        );
+        let mut t = trie(2, 2);
+        t.apply(&HashedPostState::from_state(&model)).unwrap();
+
+        let deleted = BundleState::new(
+            [(contract, Some(info(1, 10, true)), None, HashMap::default())],
+            Vec::<Vec<(Address, Option<Option<AccountInfo>>, Vec<(U256, U256)>)>>::new(),
+            [],
+        );
+        model.apply_bundle(&deleted);
+        let recreated = BundleState::new(
+            [(
+                contract,
+                None,
+                Some(info(1, 5, true)),
+                HashMap::from_iter([(U256::from(50), (U256::ZERO, U256::from(5)))]),
+            )],
+            Vec::<Vec<(Address, Option<Option<AccountInfo>>, Vec<(U256, U256)>)>>::new(),
+            [],
+        );
+        model.apply_bundle(&recreated);
+        assert_eq!(model.accounts[&contract].storage.len(), 1);
+
+        let mut folded = HashedPostState::from_bundle(&deleted);
+        folded.extend(HashedPostState::from_bundle(&recreated));
+        let mut in_order = t.clone();
+        in_order
+            .apply(&HashedPostState::from_bundle(&deleted))
+            .unwrap();
+        let expected = reference::state_root(&model);
+        assert_eq!(
+            in_order
+                .apply(&HashedPostState::from_bundle(&recreated))
+                .unwrap()
+                .root,
+            expected
+        );
+        assert_eq!(t.apply(&folded).unwrap().root, expected);
+        assert_nodes_match_fresh_build(&t, &model);
     }
 
     #[test]
