@@ -2,13 +2,14 @@
 //! sequential one returns (receipts, logs, gas, requests, bundle with reverts) on chains of
 //! random conflicting blocks, for every fork family and several thread counts.
 //!
-//! `OVERDRIVE_SOAK=1` runs many more seeds and blocks.
+//! `OVERDRIVE_SOAK=1` runs many more seeds and blocks; `OVERDRIVE_SOAK_SEED=N` starts the seeds
+//! at `N` (default 0), so that each soak can explore new chains.
 
 mod common;
 
 use alloy_consensus::{TxEip1559, TxEnvelope, transaction::Recovered};
 use alloy_primitives::{Address, Bytes, TxKind, U256};
-use common::{CHAIN_ID, Fork, Gen, Key, assert_equal, parallel, soak};
+use common::{CHAIN_ID, Fork, Gen, Key, assert_equal, parallel, seed_base, soak};
 use overdrive_executor::{BlockExecutor, BlockOutput, SequentialExecutor};
 use overdrive_primitives::{MemState, RecoveredBlock};
 use rand::Rng;
@@ -48,7 +49,8 @@ fn run_chain(fork: Fork, seed: u64, blocks: usize, max_txs: usize, threads: &[us
 
 fn run_fork(fork: Fork) {
     let (seeds, blocks) = if soak() { (200, 40) } else { (40, 12) };
-    for seed in 0..seeds {
+    let base = seed_base();
+    for seed in base..base + seeds {
         let threads: &[usize] = match seed % 3 {
             0 => &[2],
             1 => &[2, 3],
@@ -99,7 +101,7 @@ fn random_large_blocks() {
     let rounds = if soak() { 20 } else { 3 };
     for seed in 0..rounds {
         for fork in [Fork::Shanghai, Fork::Prague] {
-            run_chain(fork, 1_000 + seed, 3, 400, &[2, 3]);
+            run_chain(fork, 1_000 + seed_base() + seed, 3, 400, &[2, 3]);
         }
     }
 }

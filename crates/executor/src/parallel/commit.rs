@@ -522,7 +522,9 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         if let Some((address, observed)) = defer
             && let Some((account, credit)) = take_fee(state, address, observed)?
         {
-            let total = match self.fees.pending.take() {
+            // Summed before anything is replaced: an overflow fails validation with the held
+            // credit still pending, for the exact re-run's flush to pay.
+            let total = match &self.fees.pending {
                 Some((_, held)) => held.checked_add(credit).ok_or(Invalid)?,
                 None => credit,
             };

@@ -600,6 +600,22 @@ pub fn soak() -> bool {
     std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty())
 }
 
+/// Where the randomized tests' seeds start: `OVERDRIVE_SOAK_SEED`, else 0 (what CI runs).
+/// A soak started from a new base explores chains no earlier run has, and a failure it finds
+/// names its seed, so it replays with the same base.
+///
+/// # Panics
+/// When the variable is set to something other than a number: a typo must not silently
+/// rerun the default seeds.
+pub fn seed_base() -> u64 {
+    match std::env::var("OVERDRIVE_SOAK_SEED") {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("OVERDRIVE_SOAK_SEED={v:?} is not a number")),
+        Err(_) => 0,
+    }
+}
+
 impl Gen {
     /// A generator and its genesis state.
     pub fn new(fork: Fork, seed: u64) -> (Self, MemState) {
