@@ -122,3 +122,55 @@ fn dev_and_generated_genesis_roots_match_the_reference() {
         );
     }
 }
+
+#[test]
+fn unusable_genesis_files_are_refused_with_their_reason() {
+    use overdrive_primitives::ChainSpecError;
+    let dir = std::env::temp_dir().join(format!("overdrive-bad-genesis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let load = |name: &str, json: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, json).unwrap();
+        ChainSpec::load(path.to_str().unwrap())
+    };
+    let invalid = |result: Result<ChainSpec, ChainSpecError>, needle: &str| match result {
+        Err(e @ ChainSpecError::Invalid { .. }) => {
+            assert!(e.to_string().contains(needle), "{e}")
+        }
+        other => panic!("expected Invalid mentioning {needle}, got {other:?}"),
+    };
+    // alloy's `Genesis` defaults every missing field: `{}` would load as chain 1.
+    invalid(load("empty.json", "{}"), "chainId");
+    invalid(
+        load("no-gas.json", r#"{"config": {"chainId": 7}}"#),
+        "gasLimit",
+    );
+    invalid(
+        load(
+            "zero-gas.json",
+            r#"{"config": {"chainId": 7}, "gasLimit": "0x0"}"#,
+        ),
+        "gasLimit",
+    );
+    invalid(
+        load(
+            "fee.json",
+            r#"{"config": {"chainId": 7, "londonBlock": 0}, "gasLimit": "0x1c9c380",
+                "baseFeePerGas": "0x10000000000000000"}"#,
+        ),
+        "baseFeePerGas",
+    );
+    assert!(matches!(
+        load("junk.json", "not json"),
+        Err(ChainSpecError::Json { .. })
+    ));
+    // A path that does not exist gets the file's error, with the path, not "unknown chain".
+    let missing = dir.join("typo/genesis.json");
+    match ChainSpec::load(missing.to_str().unwrap()) {
+        Err(e @ ChainSpecError::Io { .. }) => {
+            assert!(e.to_string().contains("typo/genesis.json"), "{e}")
+        }
+        other => panic!("expected Io, got {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

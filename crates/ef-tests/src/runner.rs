@@ -11,7 +11,6 @@ use overdrive_executor::{
 };
 use overdrive_primitives::{ChainSpec, EthereumHardfork, ForkCondition, MemState, RecoveredBlock};
 use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
-use revm::bytecode::Bytecode;
 use std::{
     collections::BTreeMap,
     panic::AssertUnwindSafe,
@@ -88,7 +87,8 @@ pub struct TestResult {
 /// parallel path rather than its sequential fallback.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExecCounts {
-    /// Blocks the parallel path executed to the end (one it rejects is not counted).
+    /// Imported blocks the parallel path executed (one rejected, by the executor or by a check
+    /// after it, is not counted).
     pub parallel_blocks: usize,
     /// Their transactions committed from a speculative result that passed validation.
     pub speculated: usize,
@@ -154,8 +154,11 @@ impl Summary {
 pub fn collect_files(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
     fn walk(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         if path.is_dir() {
-            for entry in std::fs::read_dir(path)? {
-                walk(&entry?.path(), out)?;
+            let with_path = |e: std::io::Error| {
+                std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+            };
+            for entry in std::fs::read_dir(path).map_err(with_path)? {
+                walk(&entry.map_err(with_path)?.path(), out)?;
             }
         } else if path.extension().is_some_and(|e| e == "json") {
             out.push(path.to_path_buf());
@@ -391,7 +394,8 @@ fn network_spec(network: &str) -> Option<ChainSpec> {
 fn to_mem_state(accounts: &BTreeMap<alloy_primitives::Address, FixtureAccount>) -> MemState {
     let mut state = MemState::default();
     for (address, a) in accounts {
-        let code = (!a.code.is_empty()).then(|| Bytecode::new_raw(a.code.clone()));
+        let code =
+            (!a.code.is_empty()).then(|| overdrive_primitives::bytecode_from_raw(a.code.clone()));
         let storage = a
             .storage
             .iter()
@@ -473,8 +477,9 @@ impl Runner {
                     ));
                 }
                 (Err(why), None) => return Outcome::Failed(format!("block {i} rejected: {why}")),
-                // A panic is never how a block is meant to be rejected.
-                (Err(why @ Rejection::Panic(_)), Some(expected)) => {
+                // A panic or a component's failure is never how a block is meant to be
+                // rejected.
+                (Err(why @ (Rejection::Panic(_) | Rejection::Internal(_))), Some(expected)) => {
                     return Outcome::Failed(format!(
                         "block {i} must be rejected ({expected}), but {why}"
                     ));
@@ -549,13 +554,6 @@ impl Runner {
                 ExecutionError::WorkerPanic(_) => Rejection::Panic(e.to_string()),
                 e => Rejection::Invalid(e.to_string()),
             })?;
-        if let Some(stats) = stats {
-            *executed += ExecCounts {
-                parallel_blocks: 1,
-                speculated: stats.validated,
-                exact: stats.exact,
-            };
-        }
         validate_post_execution(
             spec,
             &block.header,
@@ -571,11 +569,33 @@ impl Runner {
             Some(parent_trie) => {
                 let mut trie = parent_trie.clone();
                 let diff = HashedPostState::from_bundle(&output.bundle);
-                let out = trie.apply(&diff).map_err(|e| e.to_string())?;
+                let out = trie
+                    .apply(&diff)
+                    .map_err(|e| Rejection::Internal(format!("overdrive trie: {e}")))?;
+                // A root that rejects the block must be the reference's too; otherwise the
+                // trie is wrong, not the block, and a fixture that expects this block to be
+                // rejected (for whatever reason) would hide it.
+                if out.root != block.header.state_root {
+                    let reference = overdrive_trie::reference::state_root(&state);
+                    if out.root != reference {
+                        return Err(Rejection::Internal(format!(
+                            "overdrive trie root {} differs from the reference root {reference}",
+                            out.root
+                        )));
+                    }
+                }
                 (out.root, Some(trie))
             }
         };
         validate_state_root(&block.header, root).map_err(|e| e.to_string())?;
+        // Counted only for imported blocks.
+        if let Some(stats) = stats {
+            *executed += ExecCounts {
+                parallel_blocks: 1,
+                speculated: stats.validated,
+                exact: stats.exact,
+            };
+        }
         state.block_hashes.insert(block.header.number, block.hash);
         let imported = Imported {
             header: block.header,
@@ -607,6 +627,9 @@ enum Rejection {
     Invalid(String),
     /// Executing it panicked: a bug, whatever the fixture expects.
     Panic(String),
+    /// A component failed or disagreed with its reference: a bug, whatever the fixture
+    /// expects.
+    Internal(String),
 }
 
 impl From<String> for Rejection {
@@ -618,7 +641,7 @@ impl From<String> for Rejection {
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Invalid(why) | Self::Panic(why) => f.write_str(why),
+            Self::Invalid(why) | Self::Panic(why) | Self::Internal(why) => f.write_str(why),
         }
     }
 }

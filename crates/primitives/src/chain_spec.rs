@@ -41,6 +41,16 @@ pub enum ChainSpecError {
     /// A preset whose genesis allocation is not shipped.
     #[error("{0}")]
     Unsupported(String),
+    /// The genesis file parses but cannot describe a chain: alloy's `Genesis` defaults every
+    /// missing field, so `{}` (or any other JSON object) would otherwise load as chain 1, with
+    /// Frontier only and a zero gas limit.
+    #[error("genesis file {path} is not usable: {reason}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// The chain specification: chain id, fork schedule, genesis.
@@ -254,7 +264,11 @@ impl ChainSpec {
         match name_or_path {
             "mainnet" => Ok(Self::mainnet()),
             "dev" => Ok(Self::dev()),
-            path if Path::new(path).exists() => Self::from_genesis_file(Path::new(path)),
+            // Anything that looks like a path is read as one, so that a typo or an unreadable
+            // file gets the file's own error rather than "unknown chain".
+            path if Path::new(path).exists() || path.contains('/') || path.ends_with(".json") => {
+                Self::from_genesis_file(Path::new(path))
+            }
             other => Err(ChainSpecError::Unknown(other.to_string())),
         }
     }
@@ -266,11 +280,33 @@ impl ChainSpec {
             path: display.clone(),
             source,
         })?;
-        let genesis: Genesis =
-            serde_json::from_slice(&bytes).map_err(|source| ChainSpecError::Json {
-                path: display,
-                source,
-            })?;
+        let json = |source| ChainSpecError::Json {
+            path: display.clone(),
+            source,
+        };
+        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(json)?;
+        let invalid = |reason: &str| ChainSpecError::Invalid {
+            path: display.clone(),
+            reason: reason.to_string(),
+        };
+        if value.pointer("/config/chainId").is_none() {
+            return Err(invalid("`config.chainId` is missing"));
+        }
+        if value.get("gasLimit").is_none() {
+            return Err(invalid("`gasLimit` is missing"));
+        }
+        let genesis: Genesis = serde_json::from_value(value).map_err(json)?;
+        if genesis.gas_limit == 0 {
+            return Err(invalid(
+                "`gasLimit` is zero: no block could hold a transaction",
+            ));
+        }
+        if genesis
+            .base_fee_per_gas
+            .is_some_and(|fee| u64::try_from(fee).is_err())
+        {
+            return Err(invalid("`baseFeePerGas` does not fit in 64 bits"));
+        }
         Ok(Self::from_genesis(genesis))
     }
 
@@ -333,8 +369,10 @@ impl ChainSpec {
             mix_hash: g.mix_hash,
             nonce: g.nonce.into(),
             base_fee_per_gas: london.then(|| {
+                // `from_genesis_file` rejects a base fee above 64 bits; a spec built in code
+                // with one gets the largest, never a truncated one.
                 g.base_fee_per_gas
-                    .map(|f| f as u64)
+                    .map(|f| u64::try_from(f).unwrap_or(u64::MAX))
                     .unwrap_or(INITIAL_BASE_FEE)
             }),
             withdrawals_root: shanghai.then_some(EMPTY_WITHDRAWALS),

@@ -18,7 +18,7 @@ mod state;
 pub use block::{BlockError, RecoveredBlock};
 pub use chain_spec::{ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address};
 pub use mem::{prefault_heap, prefetch};
-pub use state::{MemAccount, MemState};
+pub use state::{MemAccount, MemState, bytecode_from_raw};
 
 /// Re-exports of the hardfork vocabulary so downstream crates name one source.
 pub use alloy_hardforks::{EthereumHardfork, EthereumHardforks, ForkCondition};

@@ -9,6 +9,17 @@ use revm::{
 };
 use std::{collections::BTreeMap, convert::Infallible};
 
+/// Account code as the state holds it: an EIP-7702 delegation when the bytes are one
+/// (`0xef0100` and a 20-byte address, exactly 23 bytes), plain (legacy) code otherwise.
+///
+/// revm's `Bytecode::new_raw` panics on bytes that start with `0xef01` but are not a valid
+/// delegation; such code can only come from a genesis file or a test fixture (EIP-3541 keeps
+/// it from being deployed), and geth runs it as the plain code it is (`0xef` is an invalid
+/// opcode), so it is taken as legacy code here rather than aborting the process.
+pub fn bytecode_from_raw(bytes: alloy_primitives::Bytes) -> Bytecode {
+    Bytecode::new_raw_checked(bytes.clone()).unwrap_or_else(|_| Bytecode::new_legacy(bytes))
+}
+
 /// One account of a [`MemState`]. Storage holds non-zero slots only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemAccount {
@@ -51,7 +62,7 @@ impl MemState {
             let code = account.code.as_ref().filter(|c| !c.is_empty());
             let code_hash = match code {
                 Some(code) => {
-                    let bytecode = Bytecode::new_raw(code.clone());
+                    let bytecode = bytecode_from_raw(code.clone());
                     let hash = bytecode.hash_slow();
                     state.contracts.insert(hash, bytecode);
                     hash
@@ -180,5 +191,42 @@ impl revm::DatabaseRef for MemState {
 
     fn block_hash_ref(&self, number: u64) -> Result<B256, Self::Error> {
         Ok(self.block_hashes.get(&number).copied().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{Bytes, address, bytes};
+
+    #[test]
+    fn raw_code_is_a_delegation_only_when_well_formed() {
+        let target = address!("0x1111111111111111111111111111111111111111");
+        let mut delegation = vec![0xef, 0x01, 0x00];
+        delegation.extend_from_slice(target.as_slice());
+        assert!(bytecode_from_raw(Bytes::from(delegation)).is_eip7702());
+        // Bytes `Bytecode::new_raw` panics on: too short, wrong version, too long.
+        for code in [
+            bytes!("ef01"),
+            bytes!("ef0101"),
+            Bytes::from([[0xef, 0x01, 0x00].as_slice(), &[0u8; 21]].concat()),
+        ] {
+            let bytecode = bytecode_from_raw(code.clone());
+            assert!(!bytecode.is_eip7702(), "{code}");
+            assert_eq!(bytecode.original_bytes(), code);
+        }
+    }
+
+    #[test]
+    fn genesis_with_malformed_delegation_code_loads_as_plain_code() {
+        let account = GenesisAccount {
+            code: Some(bytes!("ef01")),
+            ..Default::default()
+        };
+        let address = address!("0x2222222222222222222222222222222222222222");
+        let state = MemState::from_alloc([(&address, &account)]);
+        let hash = state.accounts[&address].info.code_hash;
+        assert_eq!(hash, keccak256([0xef, 0x01]));
+        assert_eq!(state.contracts[&hash].original_bytes(), bytes!("ef01"));
     }
 }

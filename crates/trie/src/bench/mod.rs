@@ -369,11 +369,25 @@ fn ms(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
 }
 
+/// The most accounts the benchmark accepts: 100M accounts already take far more memory than a
+/// 128 GiB machine has; a few digits more would overflow the allocations' sizes.
+pub const MAX_ACCOUNTS: usize = 100_000_000;
+
+/// The most transfers per block the benchmark accepts (the executor benchmark's limit on a
+/// workload's transactions).
+pub const MAX_TRANSFERS: usize = 10_000_000;
+
 /// Runs the benchmark.
 pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     if cfg.accounts < 2 || cfg.blocks == 0 || cfg.threads == 0 || cfg.transfers == 0 {
         return Err(TrieError::InvalidConfig(format!(
             "need accounts >= 2 and blocks, threads, transfers >= 1 (got {cfg:?})"
+        )));
+    }
+    if cfg.accounts > MAX_ACCOUNTS || cfg.transfers > MAX_TRANSFERS {
+        return Err(TrieError::InvalidConfig(format!(
+            "need accounts <= {MAX_ACCOUNTS} and transfers <= {MAX_TRANSFERS} (got {} and {})",
+            cfg.accounts, cfg.transfers
         )));
     }
     let setup = Instant::now();
@@ -564,10 +578,24 @@ mod tests {
 
     #[test]
     fn bad_config_is_an_error() {
-        let cfg = TrieBenchConfig {
-            accounts: 0,
-            ..TrieBenchConfig::default()
-        };
-        assert!(matches!(run(&cfg), Err(TrieError::InvalidConfig(_))));
+        for cfg in [
+            TrieBenchConfig {
+                accounts: 0,
+                ..TrieBenchConfig::default()
+            },
+            TrieBenchConfig {
+                accounts: usize::MAX,
+                ..TrieBenchConfig::default()
+            },
+            TrieBenchConfig {
+                transfers: MAX_TRANSFERS + 1,
+                ..TrieBenchConfig::default()
+            },
+        ] {
+            assert!(
+                matches!(run(&cfg), Err(TrieError::InvalidConfig(_))),
+                "{cfg:?}"
+            );
+        }
     }
 }
