@@ -52,6 +52,34 @@ impl<'s, S: NodeStore> Ctx<'s, S> {
         })
     }
 
+    /// Checks that `node`, read from the store at `path`, can sit there. Walking a node that
+    /// cannot would overflow a 64-nibble path (a panic, or undefined behaviour in `Nibbles`'
+    /// unchecked pushes) or never end (an extension with an empty key leads to itself), so
+    /// every stored node is checked before the walk goes through it or merges it upwards.
+    fn check(&self, path: &Nibbles, node: &Node) -> Result<(), TrieError> {
+        let reason = match node {
+            Node::Leaf { key, .. } if path.len() + key.len() > 64 => {
+                "leaf key runs past 64 nibbles"
+            }
+            Node::Extension { key, .. } if key.is_empty() => "extension with an empty key",
+            // Its child is a branch, which has children one nibble further down.
+            Node::Extension { key, .. } if path.len() + key.len() >= 64 => {
+                "extension runs to 64 nibbles"
+            }
+            Node::Branch { .. } if path.len() >= 64 => "branch at 64 nibbles",
+            _ => return Ok(()),
+        };
+        Err(self.malformed(path, reason))
+    }
+
+    fn malformed(&self, path: &Nibbles, reason: &'static str) -> TrieError {
+        TrieError::MalformedNode {
+            trie: self.trie,
+            path: *path,
+            reason,
+        }
+    }
+
     /// All children in `mask`, each required to exist.
     fn get_children(&self, path: &Nibbles, mask: TrieMask) -> Result<ChildNodes<'s>, TrieError> {
         let children = self
@@ -621,6 +649,7 @@ pub(crate) fn get_value<S: NodeStore>(
         let Some(stored) = ctx.get(&path)? else {
             return Ok(None);
         };
+        ctx.check(&path, &stored.node)?;
         match &stored.node {
             Node::Leaf { key: rest, value } => {
                 return Ok((path.join(rest) == *key).then(|| value.clone()));
@@ -659,6 +688,9 @@ fn update_node<S: NodeStore, O: LeafOp>(
         } else {
             Sub::Empty
         });
+    }
+    if let Some(node) = existing {
+        ctx.check(&path, node)?;
     }
     match existing {
         None => build_from_ops(ctx, path, updates, out),
@@ -748,6 +780,9 @@ fn update_extension<S: NodeStore, O: LeafOp>(
 
     if shared == full.len() {
         let child_node = ctx.get_existing(&full)?;
+        if !matches!(child_node.node, Node::Branch { .. }) {
+            return Err(ctx.malformed(&full, "extension child is not a branch"));
+        }
         return Ok(
             match update_node(ctx, full, Some(&child_node.node), updates, out)? {
                 Sub::Unchanged => Sub::Unchanged,
@@ -1045,7 +1080,7 @@ fn update_branch<S: NodeStore, O: LeafOp>(
                 Sub::Short(short.prepend_nibble(nibble))
             }
             _ => match (stored.node(nibble), &branch.virtual_child) {
-                (Some(node), _) => match node {
+                (Some(node), _) => match ctx.check(&child, node).map(|()| node)? {
                     Node::Branch { .. } => Sub::Short(Short::Extension(
                         single_nibble(nibble),
                         Ref::Known(

@@ -18,6 +18,18 @@ pub enum TrieError {
         /// The path of the missing node.
         path: Nibbles,
     },
+    /// A stored node cannot sit where it was found: an extension with an empty key, a key
+    /// that runs past 64 nibbles, a branch at full depth, an extension over a non-branch. The
+    /// trie never writes one; a corrupted or foreign store can hold one.
+    #[error("malformed node at {path:?} of {trie:?}: {reason}")]
+    MalformedNode {
+        /// The trie.
+        trie: TrieId,
+        /// The node's path.
+        path: Nibbles,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// Storage changed for an account that neither exists nor is created by the same diff.
     #[error("storage changed for account {0}, which does not exist")]
     MissingAccount(B256),

@@ -119,7 +119,7 @@ pub(crate) mod tests {
     };
     use alloy_primitives::keccak256;
     use alloy_rlp::{Encodable, Header};
-    use alloy_trie::{BranchNodeCompact, EMPTY_ROOT_HASH};
+    use alloy_trie::{BranchNodeCompact, EMPTY_ROOT_HASH, TrieMask, nodes::RlpNode};
     use proptest::prelude::*;
     use std::path::PathBuf;
 
@@ -517,5 +517,141 @@ pub(crate) mod tests {
                 assert_branches_match_hash_builder(&trie.store().nodes(TrieId::Account), &model, trie.root());
             }
         }
+    }
+
+    // ---- malformed stored nodes ------------------------------------------------------------
+
+    fn nibbles(n: &[u8]) -> Nibbles {
+        Nibbles::from_nibbles(n)
+    }
+
+    /// A trie over a store holding exactly `nodes`, written as a corrupted database would
+    /// hand them back.
+    fn corrupted(nodes: Vec<(Nibbles, StoredNode)>) -> RawTrie {
+        let mut updates = TrieUpdates::default();
+        for (path, node) in nodes {
+            updates.account_nodes.push_write(path, node);
+        }
+        let mut store = MemNodeStore::new();
+        store.apply(&updates).unwrap();
+        RawTrie::new(store).unwrap()
+    }
+
+    fn leaf(key: Nibbles) -> StoredNode {
+        StoredNode::new(
+            Node::Leaf {
+                key,
+                value: crate::node::Value::new(b"v"),
+            },
+            &[],
+        )
+    }
+
+    fn hash_ref() -> RlpNode {
+        RlpNode::word_rlp(&B256::repeat_byte(7))
+    }
+
+    fn assert_malformed<T: std::fmt::Debug>(result: Result<T, TrieError>, expected: &str) {
+        match result {
+            Err(TrieError::MalformedNode { reason, .. }) => assert_eq!(reason, expected),
+            other => panic!("expected a malformed-node error ({expected}), got {other:?}"),
+        }
+    }
+
+    /// An extension with an empty key is its own child: before the check, an update recursed
+    /// until the stack overflowed and a lookup looped forever.
+    #[test]
+    fn extension_with_empty_key_is_an_error() {
+        let node = Node::Extension {
+            key: Nibbles::new(),
+            child: hash_ref(),
+        };
+        let mut trie = corrupted(vec![(Nibbles::new(), StoredNode::new(node, &[]))]);
+        assert_malformed(trie.get(&[0x12; 32]), "extension with an empty key");
+        assert_malformed(
+            trie.update([([0x12u8; 32], Some(b"x"))]),
+            "extension with an empty key",
+        );
+    }
+
+    /// A key that runs past 64 nibbles made `Nibbles::join` or a collapse's prepend panic.
+    #[test]
+    fn keys_past_64_nibbles_are_errors() {
+        // A root branch over a leaf whose key is one nibble too long and a good leaf.
+        let long = leaf(Nibbles::unpack([0x34; 32]));
+        let good = leaf(Nibbles::unpack([0x56; 32]).slice(1..));
+        let branch = StoredNode::new(
+            Node::Branch {
+                state_mask: TrieMask::new(0b11),
+                value: None,
+            },
+            &[long.reference.clone(), good.reference.clone()],
+        );
+        let mut key_under_0 = [0x34u8; 32];
+        key_under_0[0] = 0x03;
+        let mut key_under_1 = [0x56u8; 32];
+        key_under_1[0] = 0x16;
+        let nodes = vec![
+            (Nibbles::new(), branch),
+            (nibbles(&[0]), long),
+            (nibbles(&[1]), good),
+        ];
+        let reason = "leaf key runs past 64 nibbles";
+        assert_malformed(corrupted(nodes.clone()).get(&key_under_0), reason);
+        assert_malformed(
+            corrupted(nodes.clone()).update([(key_under_0, Some(b"x"))]),
+            reason,
+        );
+        // Deleting the good leaf leaves the long one to merge into the root.
+        let mut trie = corrupted(nodes.clone());
+        assert_eq!(trie.get(&key_under_1).unwrap(), Some(b"v".to_vec()));
+        assert_malformed(trie.update([(key_under_1, None::<&[u8]>)]), reason);
+        // Nothing was written: the good leaf is still there.
+        assert_eq!(trie.get(&key_under_1).unwrap(), Some(b"v".to_vec()));
+    }
+
+    /// An extension reaching 64 nibbles leaves its branch no room for children; pushing a
+    /// child nibble onto a full path is undefined behaviour in `Nibbles`.
+    #[test]
+    fn extension_to_full_depth_is_an_error() {
+        let node = Node::Extension {
+            key: Nibbles::unpack([0x78; 32]),
+            child: hash_ref(),
+        };
+        let branch = StoredNode::new(
+            Node::Branch {
+                state_mask: TrieMask::new(0b1),
+                value: Some(crate::node::Value::new(b"w")),
+            },
+            &[hash_ref()],
+        );
+        let nodes = vec![
+            (Nibbles::new(), StoredNode::new(node, &[])),
+            (Nibbles::unpack([0x78; 32]), branch),
+        ];
+        let reason = "extension runs to 64 nibbles";
+        assert_malformed(corrupted(nodes.clone()).get(&[0x78; 32]), reason);
+        assert_malformed(
+            corrupted(nodes).update([([0x78u8; 32], Some(b"x"))]),
+            reason,
+        );
+    }
+
+    #[test]
+    fn extension_over_a_leaf_is_an_error() {
+        let node = Node::Extension {
+            key: nibbles(&[1, 2]),
+            child: hash_ref(),
+        };
+        let nodes = vec![
+            (Nibbles::new(), StoredNode::new(node, &[])),
+            (nibbles(&[1, 2]), leaf(Nibbles::unpack([0x9a; 31]))),
+        ];
+        let mut key = [0x9au8; 32];
+        key[0] = 0x12;
+        assert_malformed(
+            corrupted(nodes).update([(key, Some(b"x"))]),
+            "extension child is not a branch",
+        );
     }
 }

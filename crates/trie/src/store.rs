@@ -89,6 +89,10 @@ pub trait NodeStore: Send + Sync {
 
     /// Applies one block's changes. Order within a trie: a wipe first, then deletes, then
     /// writes (the trie never emits a delete and a write of the same path in one batch).
+    ///
+    /// All or nothing: on an error the store must hold what it held before the call (a
+    /// database store writes the batch in one transaction). The trie keeps its old root when
+    /// `apply` fails, so a half-applied batch would leave nodes that no root describes.
     fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error>;
 }
 

@@ -15,7 +15,7 @@ use std::{
     collections::BinaryHeap,
     sync::{
         Condvar, Mutex, MutexGuard, OnceLock, PoisonError,
-        atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering, fence},
     },
     thread::Thread,
     time::Duration,
@@ -225,6 +225,10 @@ impl Scheduler {
         *lock(&self.outcomes[tx as usize]) = Some(outcome);
         self.status[tx as usize].store(DONE, Ordering::Release);
         let next = self.release_waiters(tx, keep_one);
+        // The other half of `committer_wait`'s fence: of this thread's store of DONE and the
+        // committer's store of `wake_committer_at`, each side sees the other's, so the
+        // committer does not park on a transaction finished unseen.
+        fence(Ordering::SeqCst);
         // A thread running a chain in order (`next` is the following transaction) wakes the
         // committer only every WAKE_BATCH transactions; anything else wakes it as soon as the
         // transaction it waits for is done.
@@ -314,6 +318,11 @@ impl Scheduler {
         let target = (tx as usize + WAKE_BATCH).min(self.n - 1);
         self.awaited.store(tx as usize, Ordering::Release);
         self.wake_committer_at.store(target, Ordering::Release);
+        // Store, fence, load on both sides (here and in `finish`): without the fence the
+        // re-check below could read the status before the target is visible to a finishing
+        // worker (a store-load reordering x86 makes), both would miss the other, and the
+        // committer would nap the full timeout.
+        fence(Ordering::SeqCst);
         // Re-check after publishing the target: a finish before this point may have missed it.
         if self.status(tx) == RUNNING && self.status(target as TxIdx) < DONE && !self.stopped() {
             std::thread::park_timeout(Duration::from_micros(300));

@@ -281,7 +281,9 @@ impl<DB: StateReader> Database for SpecDb<'_, DB> {
         // Validation trusts code to follow from its hash, so a hash this block deployed but we
         // do not know yet must not run as whatever the reader answers for unknown hashes.
         if code.is_empty() && code_hash != KECCAK_EMPTY {
+            // Not cached: every transaction that runs into the unknown hash must fail alike.
             self.failed = true;
+            return Ok(code);
         }
         self.code_cache.insert(code_hash, code.clone());
         Ok(code)
