@@ -17,13 +17,19 @@ field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
 
 # One `bench exec` run of the issues' block shape (100k accounts, 6,000 txs x 5 blocks):
 # bench_exec WORKLOAD THREADS. Its JSON line goes to $OUT/exec.jsonl and to $JSON; outputs
-# that differ from sequential stop the script.
+# that differ from sequential, or a block left to the sequential fallback, stop the script.
 bench_exec() {
   JSON=$("$BIN" bench exec --workload "$1" --accounts 100000 --txs 6000 --blocks 5 \
     --threads "$2" --json 2>>"$OUT/bench.log" | tail -1)
   echo "$JSON" >>"$OUT/exec.jsonl"
   if [[ "$(field equal "$JSON")" != "true" ]]; then
     echo "outputs differ: $1, $2 threads: $JSON" >&2
+    exit 1
+  fi
+  # With one thread the parallel executor is sequential by design; otherwise every block of
+  # this shape must take its parallel path, or the figure measures the fallback.
+  if (( $2 > 1 )) && [[ "$(field parallel_blocks "$JSON")" != "5" ]]; then
+    echo "not every block took the parallel path: $1, $2 threads: $JSON" >&2
     exit 1
   fi
 }

@@ -548,12 +548,7 @@ impl Runner {
             .ok_or_else(|| format!("unknown parent {}", block.header.parent_hash))?;
         validate_header(spec, &block.header, &parent.header).map_err(|e| e.to_string())?;
         validate_body(spec, &block).map_err(|e| e.to_string())?;
-        let (output, stats) = self
-            .execute(spec, &block, &parent.state)
-            .map_err(|e| match e {
-                ExecutionError::WorkerPanic(_) => Rejection::Panic(e.to_string()),
-                e => Rejection::Invalid(e.to_string()),
-            })?;
+        let (output, stats) = self.execute(spec, &block, &parent.state)?;
         validate_post_execution(
             spec,
             &block.header,
@@ -605,18 +600,45 @@ impl Runner {
         Ok((block.hash, imported))
     }
 
+    /// Executes `block` with the chosen executor. The parallel executor's result, output or
+    /// error, must also equal the sequential executor's on the same block: the header commits
+    /// to receipts, gas and the state root but not to the bundle's reverts, and a block the
+    /// fixture expects to be rejected would pass on any rejection, including a wrong one.
     fn execute(
         &self,
         spec: &ChainSpec,
         block: &RecoveredBlock,
         state: &MemState,
-    ) -> Result<(BlockOutput, Option<CommitStats>), ExecutionError> {
-        match &self.parallel {
-            None => SequentialExecutor
+    ) -> Result<(BlockOutput, Option<CommitStats>), Rejection> {
+        let rejection = |e: ExecutionError| match e {
+            ExecutionError::WorkerPanic(_) => Rejection::Panic(e.to_string()),
+            e => Rejection::Invalid(e.to_string()),
+        };
+        let Some(parallel) = &self.parallel else {
+            return SequentialExecutor
                 .execute(spec, block, state)
-                .map(|output| (output, None)),
-            Some(parallel) => parallel.execute_with_stats(spec, block, state),
+                .map(|output| (output, None))
+                .map_err(rejection);
+        };
+        let result = parallel.execute_with_stats(spec, block, state);
+        let reference = SequentialExecutor.execute(spec, block, state);
+        let same = match (&result, &reference) {
+            (Ok((output, _)), Ok(expected)) => output == expected,
+            (Err(error), Err(expected)) => error == expected,
+            _ => false,
+        };
+        if !same {
+            let brief = |r: Result<&BlockOutput, &ExecutionError>| match r {
+                Ok(output) => format!("gas used {}", output.gas_used),
+                Err(e) => format!("error {e}"),
+            };
+            return Err(Rejection::Internal(format!(
+                "parallel executor differs from sequential: {} against {}",
+                brief(result.as_ref().map(|(output, _)| output)),
+                brief(reference.as_ref()),
+            )));
         }
+        result.map_err(rejection)
     }
 }
 

@@ -140,6 +140,9 @@ struct ExecReport {
     speedup: Option<f64>,
     cpu_ratio: Option<f64>,
     equal: Option<bool>,
+    /// Blocks the parallel executor ran on its parallel path; the others fell below its
+    /// thresholds (`--min-parallel-txs`, `--min-parallel-gas`) and ran sequentially.
+    parallel_blocks: usize,
 }
 
 pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
@@ -203,15 +206,34 @@ fn timed_once<E: BlockExecutor>(
     block: &RecoveredBlock,
     state: &MemState,
 ) -> eyre::Result<(BlockOutput, Timing)> {
+    timed(|| {
+        executor
+            .execute(spec, block, state)
+            .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))
+    })
+}
+
+/// `f`'s result, and the wall and process CPU time it took.
+fn timed<T>(f: impl FnOnce() -> eyre::Result<T>) -> eyre::Result<(T, Timing)> {
     let (cpu0, wall0) = (process_cpu_time(), Instant::now());
-    let out = executor
-        .execute(spec, block, state)
-        .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))?;
+    let out = f()?;
     let timing = Timing {
         wall: wall0.elapsed(),
         cpu: process_cpu_time() - cpu0,
     };
     Ok((out, timing))
+}
+
+/// What [`timed_pair`] measured on one block.
+struct Pair {
+    /// The sequential executor's output (of the last run).
+    output: BlockOutput,
+    seq: Timing,
+    par: Timing,
+    /// Whether every parallel run's output equalled the sequential run's beside it.
+    equal: bool,
+    /// Whether the parallel executor took its parallel path (not its small-block fallback).
+    parallel_path: bool,
 }
 
 /// The median (by wall time) of `timings`.
@@ -221,7 +243,8 @@ fn median(mut timings: Vec<Timing>) -> Timing {
 }
 
 /// Runs the sequential and the parallel executor on `block` `repeat` times each, alternating,
-/// and returns both outputs and median timings. Alternating puts a change in the machine's
+/// and returns the output, median timings and whether every pair of outputs was equal (a
+/// difference in any run, not only the last, is a difference). Alternating puts a change in the machine's
 /// speed during the measurement (another tenant of a shared host) on both executors alike
 /// instead of on whichever ran at the time.
 ///
@@ -234,19 +257,30 @@ fn timed_pair(
     block: &mut RecoveredBlock,
     state: &MemState,
     repeat: usize,
-) -> eyre::Result<(BlockOutput, Timing, BlockOutput, Timing)> {
+) -> eyre::Result<Pair> {
     let (mut seq, mut par) = (Vec::new(), Vec::new());
-    let mut outputs = None;
+    let (mut output, mut equal, mut parallel_path) = (None, true, true);
     for _ in 0..repeat.max(1) {
         let (seq_out, s) = timed_once(&SequentialExecutor, spec, block, state)?;
         block.header.gas_used = seq_out.gas_used;
-        let (par_out, p) = timed_once(parallel, spec, block, state)?;
+        let ((par_out, stats), p) = timed(|| {
+            parallel
+                .execute_with_stats(spec, block, state)
+                .wrap_err_with(|| format!("parallel failed on block {}", block.number()))
+        })?;
         seq.push(s);
         par.push(p);
-        outputs = Some((seq_out, par_out));
+        equal &= par_out == seq_out;
+        parallel_path &= stats.is_some();
+        output = Some(seq_out);
     }
-    let (seq_out, par_out) = outputs.ok_or_else(|| eyre::eyre!("no run"))?;
-    Ok((seq_out, median(seq), par_out, median(par)))
+    Ok(Pair {
+        output: output.ok_or_else(|| eyre::eyre!("no run"))?,
+        seq: median(seq),
+        par: median(par),
+        equal,
+        parallel_path,
+    })
 }
 
 /// Transactions per block that use about `gas` in a block of `config`'s workload, from the
@@ -304,22 +338,35 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         ..ParallelConfig::default()
     });
     let mut state = workload.genesis.clone();
-    if let Some(first) = workload.blocks.first() {
-        for _ in 0..args.warmup {
-            SequentialExecutor.execute(spec, first, &state)?;
-            parallel.execute(spec, first, &state)?;
-        }
+    let Some(first) = workload.blocks.first() else {
+        eyre::bail!("the workload has no blocks");
+    };
+    let mut equal = true;
+    for _ in 0..args.warmup {
+        let seq_out = SequentialExecutor.execute(spec, first, &state)?;
+        equal &= parallel.execute(spec, first, &state)? == seq_out;
+    }
+    if !equal {
+        tracing::error!("parallel output differs from sequential in a warm-up run");
     }
     let (mut seq, mut par) = (Timing::default(), Timing::default());
-    let (mut txs, mut gas, mut equal) = (0usize, 0u64, true);
+    let (mut txs, mut gas, mut parallel_blocks) = (0usize, 0u64, 0usize);
     let mut round_trips = overdrive_tasks::RoundTrips::default();
     for block in &mut workload.blocks {
         // What a hand-off between the two cores costs right now (untimed; see
         // `core_round_trip`).
         let round_trip = round_trips.measure();
         // Same block, same pre-state, the two executors alternating in this process.
-        let (out, t, par_out, p) = timed_pair(&parallel, spec, block, &state, args.repeat)?;
-        let block_equal = par_out == out;
+        let pair = timed_pair(&parallel, spec, block, &state, args.repeat)?;
+        let (out, t, p, block_equal) = (pair.output, pair.seq, pair.par, pair.equal);
+        if pair.parallel_path {
+            parallel_blocks += 1;
+        } else {
+            tracing::warn!(
+                block = block.number(),
+                "below the parallel thresholds: the parallel executor ran it sequentially"
+            );
+        }
         if !block_equal {
             tracing::error!(
                 block = block.number(),
@@ -380,9 +427,11 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     let speedup = seq.wall.as_secs_f64() / par.wall.as_secs_f64();
     let cpu_ratio = par.cpu.as_secs_f64() / seq.cpu.as_secs_f64();
     println!(
-        "speedup {speedup:.2}x, cpu ratio {cpu_ratio:.2}, threads {}, outputs {}",
+        "speedup {speedup:.2}x, cpu ratio {cpu_ratio:.2}, threads {}, outputs {}, \
+         {parallel_blocks} of {} blocks on the parallel path",
         args.threads,
-        if equal { "equal" } else { "DIFFER" }
+        if equal { "equal" } else { "DIFFER" },
+        workload.blocks.len()
     );
     if let Some(summary) = round_trips.summary() {
         println!("{summary}");
@@ -399,6 +448,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         speedup: Some(speedup),
         cpu_ratio: Some(cpu_ratio),
         equal: Some(equal),
+        parallel_blocks,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -102,5 +102,12 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
     if failed > 0 {
         std::process::exit(1);
     }
+    // A parallel run whose blocks all fell back to sequential (a pool that failed to start)
+    // would pass without testing the parallel executor.
+    if matches!(args.executor, ExecutorArg::Parallel) && summary.executed().parallel_blocks == 0 {
+        bail!(
+            "no block took the parallel executor's parallel path (do the fixtures have transactions?)"
+        );
+    }
     Ok(())
 }
