@@ -94,6 +94,9 @@ fn main() {
     let commits = std::cell::RefCell::new(Vec::new());
     let par = || {
         let out = parallel.execute(spec, block, state).expect("par");
+        // Its data is freed on a pool thread after the return: counted here, not in the
+        // next run (this includes the wait in the wall time too).
+        parallel.wait_for_freeing();
         if let Some(s) = parallel.last_stats() {
             finishes.borrow_mut().push(s.finish_ns);
             commits

@@ -7,7 +7,7 @@ use alloy_evm::{
     },
 };
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
-use revm::database::{BundleState, State, states::bundle_state::BundleRetention};
+use revm::database::{BundleState, State, WrapDatabaseRef, states::bundle_state::BundleRetention};
 use std::borrow::Cow;
 
 /// The reference executor: alloy-evm's `EthBlockExecutor` (with every system call the fork
@@ -25,6 +25,27 @@ pub fn evm_env(spec: &ChainSpec, block: &RecoveredBlock) -> EvmEnv {
         spec.chain_id,
         spec.blob_params_at(block.header.timestamp),
     )
+}
+
+/// The `revm::State` a block executes on: bundle tracking, and its account cache and
+/// transition map sized for the block up front (a transaction touches two or three accounts),
+/// so they are not rehashed as they grow. Capacity changes no output (the reverts, the only
+/// order-sensitive part, are sorted). Every executor starts from this one, so a speed-up
+/// measured against the sequential executor does not count the presizing.
+pub(crate) fn block_state<'a, DB: StateReader>(
+    db: &'a DB,
+    block: &RecoveredBlock,
+) -> State<WrapDatabaseRef<&'a DB>> {
+    let mut state = State::builder()
+        .with_database_ref(db)
+        .with_bundle_update()
+        .build();
+    let n = block.transactions.len();
+    state.cache.accounts.reserve(n * 2);
+    if let Some(transitions) = state.transition_state.as_mut() {
+        transitions.transitions.reserve(n * 2);
+    }
+    state
 }
 
 /// The execution context (system-call inputs) of a block.
@@ -63,10 +84,7 @@ impl BlockExecutor for SequentialExecutor {
         block: &RecoveredBlock,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
-        let mut db = State::builder()
-            .with_database_ref(state)
-            .with_bundle_update()
-            .build();
+        let mut db = block_state(state, block);
         let evm = EthEvmFactory::default().create_evm(&mut db, evm_env(spec, block));
         let executor = EthBlockExecutor::new(
             evm,

@@ -356,6 +356,8 @@ fn the_same_conflicting_block_always_gives_the_same_output() {
                 "threads {threads} round {round}: output differs:\n{}",
                 common::describe_diff(&expected, &actual)
             );
+            // Every block's freeing job ends (a count that leaked would hang here).
+            executor.wait_for_freeing();
         }
     }
 }

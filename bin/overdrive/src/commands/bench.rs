@@ -206,17 +206,10 @@ fn timed_once<E: BlockExecutor>(
     block: &RecoveredBlock,
     state: &MemState,
 ) -> eyre::Result<(BlockOutput, Timing)> {
-    timed(|| {
-        executor
-            .execute(spec, block, state)
-            .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))
-    })
-}
-
-/// `f`'s result, and the wall and process CPU time it took.
-fn timed<T>(f: impl FnOnce() -> eyre::Result<T>) -> eyre::Result<(T, Timing)> {
     let (cpu0, wall0) = (process_cpu_time(), Instant::now());
-    let out = f()?;
+    let out = executor
+        .execute(spec, block, state)
+        .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))?;
     let timing = Timing {
         wall: wall0.elapsed(),
         cpu: process_cpu_time() - cpu0,
@@ -263,11 +256,18 @@ fn timed_pair(
     for _ in 0..repeat.max(1) {
         let (seq_out, s) = timed_once(&SequentialExecutor, spec, block, state)?;
         block.header.gas_used = seq_out.gas_used;
-        let ((par_out, stats), p) = timed(|| {
-            parallel
-                .execute_with_stats(spec, block, state)
-                .wrap_err_with(|| format!("parallel failed on block {}", block.number()))
-        })?;
+        let (cpu0, wall0) = (process_cpu_time(), Instant::now());
+        let (par_out, stats) = parallel
+            .execute_with_stats(spec, block, state)
+            .wrap_err_with(|| format!("parallel failed on block {}", block.number()))?;
+        let wall = wall0.elapsed();
+        // The block's data is freed on a pool thread once the output is returned: its CPU
+        // time belongs to this run, and it must not overlap the next measured one.
+        parallel.wait_for_freeing();
+        let p = Timing {
+            wall,
+            cpu: process_cpu_time() - cpu0,
+        };
         seq.push(s);
         par.push(p);
         equal &= par_out == seq_out;
@@ -345,6 +345,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     for _ in 0..args.warmup {
         let seq_out = SequentialExecutor.execute(spec, first, &state)?;
         equal &= parallel.execute(spec, first, &state)? == seq_out;
+        parallel.wait_for_freeing();
     }
     if !equal {
         tracing::error!("parallel output differs from sequential in a warm-up run");

@@ -29,7 +29,7 @@ pub use commit::CommitStats;
 
 use crate::{
     BlockExecutor, BlockOutput, ExecutionError, SequentialExecutor, StateReader, evm_env,
-    execution_ctx,
+    execution_ctx, sequential::block_state,
 };
 use alloy_evm::{
     EvmFactory,
@@ -42,13 +42,13 @@ use mv::MvMemory;
 use overdrive_primitives::EthereumHardforks;
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
 use overdrive_tasks::{Pinning, worker_pool};
-use revm::{database::State, primitives::hardfork::SpecId};
+use revm::primitives::hardfork::SpecId;
 use sched::{COMMITTED, Scheduler, lock};
 use spec::{NewCode, SpecRun, SpecShared, Speculator};
 use std::{
     panic::{AssertUnwindSafe, catch_unwind},
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
 };
@@ -155,6 +155,26 @@ pub struct ParallelExecutor {
     /// thousand transactions: the next block's memory is sized from it (see
     /// [`MvMemory::with_capacity`]).
     written_per_mille: AtomicUsize,
+    /// Blocks whose data a pool thread is still freeing after `execute` returned (see
+    /// [`ParallelExecutor::wait_for_freeing`]).
+    freeing: Arc<AtomicUsize>,
+}
+
+/// One block's data being freed on the pool: counted in [`ParallelExecutor::freeing`] from
+/// its start until dropped, however the job ends.
+struct Freeing(Arc<AtomicUsize>);
+
+impl Freeing {
+    fn start(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Freeing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl ParallelExecutor {
@@ -176,6 +196,19 @@ impl ParallelExecutor {
             last_stats: Mutex::new(None),
             learned: Mutex::new(HashMap::default()),
             written_per_mille: AtomicUsize::new(1_000),
+            freeing: Arc::default(),
+        }
+    }
+
+    /// Waits until the pool has freed the data of every block executed so far.
+    ///
+    /// A block's multi-version memory, scheduler and caches are freed on a pool thread after
+    /// `execute` returns, so that the caller gets the output a millisecond or two sooner. A
+    /// benchmark waits for it after the parallel run, so that this work counts in that run's
+    /// CPU time and does not slow down the next measured run.
+    pub fn wait_for_freeing(&self) {
+        while self.freeing.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(20));
         }
     }
 
@@ -250,18 +283,8 @@ impl ParallelExecutor {
                 .then(|| lock(&self.learned).keys().copied().collect()),
         });
 
-        let mut state = State::builder()
-            .with_database_ref(db)
-            .with_bundle_update()
-            .build();
-        // Sized for the block up front (a transaction touches two or three accounts), so the
-        // committer does not rehash them as they grow. Capacity changes no output: the
-        // reverts, the only order-sensitive part, are sorted.
+        let mut state = block_state(db, block);
         let n = block.transactions.len();
-        state.cache.accounts.reserve(n * 2);
-        if let Some(transitions) = state.transition_state.as_mut() {
-            transitions.transitions.reserve(n * 2);
-        }
         let evm = EthEvmFactory::default().create_evm(&mut state, env.clone());
         let mut executor = EthBlockExecutor::new(
             evm,
@@ -361,7 +384,11 @@ impl ParallelExecutor {
         // Freeing the block's speculative data and caches takes a millisecond or two; the pool
         // thread does it while this one returns.
         let cache = std::mem::take(&mut state.cache);
-        pool.spawn(move || drop((mv, sched, new_code, cache, transitions, recycler)));
+        let freeing = Freeing::start(&self.freeing);
+        pool.spawn(move || {
+            drop((mv, sched, new_code, cache, transitions, recycler));
+            drop(freeing);
+        });
         let output = BlockOutput {
             receipts: result.receipts,
             gas_used: result.gas_used,
