@@ -92,7 +92,11 @@ fn main() {
     // that failed validation) per validated transaction: its critical path in cheap blocks.
     let finishes = std::cell::RefCell::new(Vec::new());
     let commits = std::cell::RefCell::new(Vec::new());
+    // Every run starts from what the executor knew after the first (checked) run, not from
+    // what the previous timed run of this same block taught it.
+    let learned = parallel.learned();
     let par = || {
+        parallel.restore_learned(learned.clone());
         let out = parallel.execute(spec, block, state).expect("par");
         // Its data is freed on a pool thread after the return: counted here, not in the
         // next run (this includes the wait in the wall time too).

@@ -14,7 +14,7 @@ mod traits;
 pub use error::ExecutionError;
 pub use parallel::{
     CommitStats, DEFAULT_MIN_GAS_FOR_PARALLEL, DEFAULT_MIN_TXS_FOR_PARALLEL, LEARNED_BLOCKS,
-    ParallelConfig, ParallelExecutor, block_gas_estimate,
+    Learned, ParallelConfig, ParallelExecutor, block_gas_estimate,
 };
 pub use sequential::{SequentialExecutor, canonical_reverts, evm_env, execution_ctx};
 pub use traits::{BlockExecutor, BlockOutput, StateReader};

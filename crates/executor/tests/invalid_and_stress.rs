@@ -415,11 +415,18 @@ fn conflicting_calls_are_learned_and_forgotten() {
     let contract = generator.contracts[0];
     let block = conflicting_block(&generator, &state, contract, 100);
     let executor = parallel(2);
+    let fresh = parallel(2);
     assert!(executor.learned_conflicts().is_empty());
     assert_equal(&executor, &generator.spec, &block, &state, "conflicting").expect("valid");
     let stats = executor.last_stats().expect("parallel");
     assert!(stats.exact > 1, "{stats:?}");
     assert_eq!(executor.learned_conflicts(), [contract]);
+    // A snapshot restores both ways (what a benchmark repeating one block does).
+    let learned = executor.learned();
+    executor.restore_learned(fresh.learned());
+    assert!(executor.learned_conflicts().is_empty());
+    executor.restore_learned(learned.clone());
+    assert_eq!(executor.learned(), learned);
     // Learned: the next block chains the calls from the start.
     assert_equal(&executor, &generator.spec, &block, &state, "learned").expect("valid");
     // That block and the ones after, without conflicts of it, age it out.

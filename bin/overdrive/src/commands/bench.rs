@@ -253,7 +253,11 @@ fn timed_pair(
 ) -> eyre::Result<Pair> {
     let (mut seq, mut par) = (Vec::new(), Vec::new());
     let (mut output, mut equal, mut parallel_path) = (None, true, true);
+    // Each run starts from what the executor knew before the block: a repeat must not
+    // schedule by what an earlier run of this very block taught it.
+    let learned = parallel.learned();
     for _ in 0..repeat.max(1) {
+        parallel.restore_learned(learned.clone());
         let (seq_out, s) = timed_once(&SequentialExecutor, spec, block, state)?;
         block.header.gas_used = seq_out.gas_used;
         let (cpu0, wall0) = (process_cpu_time(), Instant::now());
@@ -342,11 +346,14 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         eyre::bail!("the workload has no blocks");
     };
     let mut equal = true;
+    // Warm-up runs teach the executor nothing: the first measured block is new to it.
+    let learned = parallel.learned();
     for _ in 0..args.warmup {
         let seq_out = SequentialExecutor.execute(spec, first, &state)?;
         equal &= parallel.execute(spec, first, &state)? == seq_out;
         parallel.wait_for_freeing();
     }
+    parallel.restore_learned(learned);
     if !equal {
         tracing::error!("parallel output differs from sequential in a warm-up run");
     }

@@ -160,6 +160,15 @@ pub struct ParallelExecutor {
     freeing: Arc<AtomicUsize>,
 }
 
+/// What a [`ParallelExecutor`] learned from the blocks it executed (see
+/// [`ParallelExecutor::learned`]); it changes how later blocks are scheduled, never their
+/// output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Learned {
+    conflicts: HashMap<Address, u32>,
+    written_per_mille: usize,
+}
+
 /// One block's data being freed on the pool: counted in [`ParallelExecutor::freeing`] from
 /// its start until dropped, however the job ends.
 struct Freeing(Arc<AtomicUsize>);
@@ -236,6 +245,24 @@ impl ParallelExecutor {
         let mut learned: Vec<Address> = lock(&self.learned).keys().copied().collect();
         learned.sort_unstable();
         learned
+    }
+
+    /// A copy of what the executor carries from one block to the next: the contracts whose
+    /// calls it chains ([`Self::learned_conflicts`]) and the multi-version memory's size hint.
+    pub fn learned(&self) -> Learned {
+        Learned {
+            conflicts: lock(&self.learned).clone(),
+            written_per_mille: self.written_per_mille.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Replaces what the executor carries to the next block with `learned`. A benchmark that
+    /// runs one block several times restores it before each run, so that no run profits from
+    /// what an earlier run of the same block taught (a node never sees a block twice).
+    pub fn restore_learned(&self, learned: Learned) {
+        *lock(&self.learned) = learned.conflicts;
+        self.written_per_mille
+            .store(learned.written_per_mille, Ordering::Relaxed);
     }
 
     /// Ages what was learned by one block and adds the contracts whose calls were chained in
