@@ -622,23 +622,44 @@ impl Runner {
         };
         let result = parallel.execute_with_stats(spec, block, state);
         let reference = SequentialExecutor.execute(spec, block, state);
-        let same = match (&result, &reference) {
-            (Ok((output, _)), Ok(expected)) => output == expected,
-            (Err(error), Err(expected)) => error == expected,
-            _ => false,
+        let difference = match (&result, &reference) {
+            (Ok((output, _)), Ok(expected)) => first_difference(output, expected)
+                .map(|part| format!("its {part} differs from the sequential executor's")),
+            (Err(error), Err(expected)) => (error != expected)
+                .then(|| format!("error \"{error}\" against the sequential \"{expected}\"")),
+            (Ok(_), Err(expected)) => Some(format!(
+                "it executed the block, the sequential executor rejected it: {expected}"
+            )),
+            (Err(error), Ok(_)) => Some(format!(
+                "it rejected the block ({error}), the sequential executor executed it"
+            )),
         };
-        if !same {
-            let brief = |r: Result<&BlockOutput, &ExecutionError>| match r {
-                Ok(output) => format!("gas used {}", output.gas_used),
-                Err(e) => format!("error {e}"),
-            };
+        if let Some(difference) = difference {
             return Err(Rejection::Internal(format!(
-                "parallel executor differs from sequential: {} against {}",
-                brief(result.as_ref().map(|(output, _)| output)),
-                brief(reference.as_ref()),
+                "parallel executor differs: {difference}"
             )));
         }
         result.map_err(rejection)
+    }
+}
+
+/// The first part of `output` that differs from `expected`, if any.
+fn first_difference(output: &BlockOutput, expected: &BlockOutput) -> Option<&'static str> {
+    if output == expected {
+        None
+    } else if output.receipts != expected.receipts {
+        Some("receipts")
+    } else if output.gas_used != expected.gas_used || output.blob_gas_used != expected.blob_gas_used
+    {
+        Some("gas used")
+    } else if output.requests != expected.requests {
+        Some("requests")
+    } else if output.bundle.state != expected.bundle.state {
+        Some("bundle state")
+    } else if output.bundle.reverts != expected.bundle.reverts {
+        Some("bundle reverts")
+    } else {
+        Some("bundle (contracts or sizes)")
     }
 }
 
