@@ -17,7 +17,8 @@ field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
 
 # One `bench exec` run of the issues' block shape (100k accounts, 6,000 txs x 5 blocks):
 # bench_exec WORKLOAD THREADS. Its JSON line goes to $OUT/exec.jsonl and to $JSON; outputs
-# that differ from sequential, or a block left to the sequential fallback, stop the script.
+# that differ from sequential, a block left to the sequential fallback, or a reverted
+# transaction stop the script.
 bench_exec() {
   JSON=$("$BIN" bench exec --workload "$1" --accounts 100000 --txs 6000 --blocks 5 \
     --threads "$2" --json 2>>"$OUT/bench.log" | tail -1)
@@ -30,6 +31,10 @@ bench_exec() {
   # this shape must take its parallel path, or the figure measures the fallback.
   if (( $2 > 1 )) && [[ "$(field parallel_blocks "$JSON")" != "5" ]]; then
     echo "not every block took the parallel path: $1, $2 threads: $JSON" >&2
+    exit 1
+  fi
+  if [[ "$(field reverted "$JSON")" != "0" ]]; then
+    echo "transactions reverted: $1, $2 threads: $JSON" >&2
     exit 1
   fi
 }

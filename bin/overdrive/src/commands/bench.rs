@@ -143,6 +143,9 @@ struct ExecReport {
     /// Blocks the parallel executor ran on its parallel path; the others fell below its
     /// thresholds (`--min-parallel-txs`, `--min-parallel-gas`) and ran sequentially.
     parallel_blocks: usize,
+    /// Transactions that reverted, over all blocks: the generated workloads expect none, so a
+    /// figure over mostly failing transactions is recognised as such.
+    reverted: usize,
 }
 
 pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
@@ -358,7 +361,12 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         tracing::error!("parallel output differs from sequential in a warm-up run");
     }
     let (mut seq, mut par) = (Timing::default(), Timing::default());
-    let (mut txs, mut gas, mut parallel_blocks) = (0usize, 0u64, 0usize);
+    let (mut txs, mut gas, mut parallel_blocks, mut reverted) = (0usize, 0u64, 0usize, 0usize);
+    if args.threads <= 1 {
+        tracing::info!(
+            "one thread: the parallel executor runs the sequential executor, no machinery"
+        );
+    }
     let mut round_trips = overdrive_tasks::RoundTrips::default();
     for block in &mut workload.blocks {
         // What a hand-off between the two cores costs right now (untimed; see
@@ -369,7 +377,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         let (out, t, p, block_equal) = (pair.output, pair.seq, pair.par, pair.equal);
         if pair.parallel_path {
             parallel_blocks += 1;
-        } else {
+        } else if args.threads > 1 {
             tracing::warn!(
                 block = block.number(),
                 "below the parallel thresholds: the parallel executor ran it sequentially"
@@ -386,6 +394,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         if failed > 0 {
             tracing::warn!(block = block.number(), failed, "transactions reverted");
         }
+        reverted += failed;
         seq.add(t);
         par.add(p);
         txs += block.transactions.len();
@@ -457,6 +466,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         cpu_ratio: Some(cpu_ratio),
         equal: Some(equal),
         parallel_blocks,
+        reverted,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
