@@ -240,9 +240,9 @@ fn median(mut timings: Vec<Timing>) -> Timing {
 
 /// Runs the sequential and the parallel executor on `block` `repeat` times each, alternating,
 /// and returns the output, median timings and whether every pair of outputs was equal (a
-/// difference in any run, not only the last, is a difference). Alternating puts a change in the machine's
-/// speed during the measurement (another tenant of a shared host) on both executors alike
-/// instead of on whichever ran at the time.
+/// difference in any run, not only the last, is a difference). Alternating puts a change in
+/// the machine's speed during the measurement (another tenant of a shared host) on both
+/// executors alike instead of on whichever ran at the time.
 ///
 /// The first sequential run sets the header's gas used before the parallel executor sees the
 /// block: the generated headers leave it at zero, a block a node validates carries it, and the
