@@ -4,6 +4,9 @@
 //! [threads] [repeat]` (defaults: erc20 100000 6000 2 7). Prints median wall time, speedup,
 //! CPU ratio (process CPU time of parallel / sequential) and the committer's statistics.
 //! `BENCH_ONLY=par` or `BENCH_ONLY=seq` times one executor only (for profiling).
+//! `BENCH_TRACE=1` prints one line per timed parallel run: the core-to-core round trip just
+//! before it, its wall time and the committer's time per validated transaction, so that runs
+//! can be compared within one regime of the host (see `overdrive_tasks::core_round_trip`).
 
 use overdrive_executor::{BlockExecutor, ParallelConfig, ParallelExecutor, SequentialExecutor};
 use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
@@ -95,13 +98,29 @@ fn main() {
     // Every run starts from what the executor knew after the first (checked) run, not from
     // what the previous timed run of this same block taught it.
     let learned = parallel.learned();
+    let trace = std::env::var("BENCH_TRACE").is_ok_and(|v| v == "1");
     let par = || {
         parallel.restore_learned(learned.clone());
+        let round_trip = trace
+            .then(|| overdrive_tasks::core_round_trip(2_000))
+            .flatten();
+        let wall = Instant::now();
         let out = parallel.execute(spec, block, state).expect("par");
+        let wall = wall.elapsed();
         // Its data is freed on a pool thread after the return: counted here, not in the
         // next run (this includes the wait in the wall time too).
         parallel.wait_for_freeing();
         if let Some(s) = parallel.last_stats() {
+            if trace {
+                println!(
+                    "run: round_trip_ns {} wall_ms {:.3} commit_per_tx_ns {} validated {} helped {}",
+                    round_trip.map_or(0, |d| d.as_nanos()),
+                    wall.as_secs_f64() * 1e3,
+                    s.commit_ns.checked_div(s.validated as u64).unwrap_or(0),
+                    s.validated,
+                    s.helped
+                );
+            }
             finishes.borrow_mut().push(s.finish_ns);
             commits
                 .borrow_mut()
