@@ -34,8 +34,10 @@ pub enum ExecutionError {
     /// Any other block-level failure reported by the EVM layer.
     #[error("block execution failed: {0}")]
     Other(String),
-    /// Executing the block panicked (in a worker, the committer or the state reader); the
-    /// block is rejected rather than the process.
+    /// Executing the block panicked (in the committer, a worker's scheduling or the state
+    /// reader, on an exact execution); the block is rejected rather than the process. A panic
+    /// that only a speculative execution meets is not an error: that transaction is executed
+    /// again exactly.
     #[error("executor worker panicked: {0}")]
     WorkerPanic(String),
 }

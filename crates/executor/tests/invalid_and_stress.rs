@@ -500,17 +500,41 @@ fn random_thread_counts_and_thresholds() {
     }
 }
 
-/// A pre-state reader that panics when one address is read.
+/// A pre-state reader that panics when one address is read, and takes its time over another.
 #[derive(Debug)]
 struct Exploding {
     inner: MemState,
     trap: Address,
+    /// Reading it takes [`SLOW_READ`].
+    slow: Option<Address>,
+    /// How often the trap was read.
+    trap_reads: std::sync::atomic::AtomicUsize,
+}
+
+const SLOW_READ: std::time::Duration = std::time::Duration::from_millis(200);
+
+impl Exploding {
+    fn new(inner: MemState, trap: Address, slow: Option<Address>) -> Self {
+        Self {
+            inner,
+            trap,
+            slow,
+            trap_reads: Default::default(),
+        }
+    }
 }
 
 impl DatabaseRef for Exploding {
     type Error = <MemState as DatabaseRef>::Error;
     fn basic_ref(&self, address: Address) -> Result<Option<AccountInfo>, Self::Error> {
-        assert!(address != self.trap, "trap account read");
+        if Some(address) == self.slow {
+            std::thread::sleep(SLOW_READ);
+        }
+        if address == self.trap {
+            self.trap_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            panic!("trap account read");
+        }
         self.inner.basic_ref(address)
     }
     fn code_by_hash_ref(&self, code_hash: B256) -> Result<Bytecode, Self::Error> {
@@ -554,10 +578,7 @@ fn a_panicking_worker_rejects_the_block() {
 fn panicking_worker() {
     let (generator, state) = Gen::new(Fork::Prague, 5);
     let trap = Address::new([0x99; 20]);
-    let db = Exploding {
-        inner: state.clone(),
-        trap,
-    };
+    let db = Exploding::new(state.clone(), trap, None);
     for position in [0, 30, 99] {
         let block = block_with_bad(
             &generator,
@@ -606,6 +627,98 @@ fn panicking_worker() {
             "sequential path: {result:?}"
         );
     }
+}
+
+/// A contract that reads `slow`'s balance, then sends 1 wei (what its caller sent it) to
+/// `receiver`.
+fn forwarder(slow: Address, receiver: Address) -> Vec<u8> {
+    // PUSH20 slow, BALANCE, POP
+    let mut code = vec![0x73];
+    code.extend_from_slice(slow.as_slice());
+    // PUSH1 0 (return size), PUSH1 0 (return offset), PUSH1 0 (input size), PUSH1 0 (input
+    // offset), PUSH1 1 (value), PUSH20 receiver
+    code.extend_from_slice(&[
+        0x31, 0x50, 0x60, 0, 0x60, 0, 0x60, 0, 0x60, 0, 0x60, 1, 0x73,
+    ]);
+    code.extend_from_slice(receiver.as_slice());
+    // GAS, CALL, POP, STOP
+    code.extend_from_slice(&[0x5a, 0xf1, 0x50, 0x00]);
+    code
+}
+
+/// A contract that reads `trap`'s balance while `receiver` has none.
+fn checker(receiver: Address, trap: Address) -> Vec<u8> {
+    // PUSH20 receiver, BALANCE, PUSH1 end, JUMPI, PUSH20 trap
+    let mut code = vec![0x73];
+    code.extend_from_slice(receiver.as_slice());
+    code.extend_from_slice(&[0x31, 0x60, 0x30, 0x57, 0x73]);
+    code.extend_from_slice(trap.as_slice());
+    // BALANCE, POP; end (0x30): JUMPDEST, STOP
+    code.extend_from_slice(&[0x31, 0x50, 0x5b, 0x00]);
+    code
+}
+
+/// A speculative execution runs on a state no exact execution sees, and a reader may panic on
+/// a key only such a run asks for. That must send the transaction to the exact path, not
+/// reject a valid block.
+#[test]
+fn a_panic_only_speculation_meets_does_not_reject_the_block() {
+    within(std::time::Duration::from_secs(300), || {
+        let (generator, mut state) = Gen::new(Fork::Prague, 6);
+        let (slow, trap) = (Address::new([0x98; 20]), Address::new([0x99; 20]));
+        let receiver = Address::new([0x97; 20]);
+        let (first, second) = (Address::new([0xf1; 20]), Address::new([0xf2; 20]));
+        for (address, code) in [
+            (first, forwarder(slow, receiver)),
+            (second, checker(receiver, trap)),
+        ] {
+            let code = Bytecode::new_raw(code.into());
+            state.insert_account(address, U256::ZERO, 1, Some(code), Default::default());
+        }
+        let call = |key: &Key, to: Address, value: u64| {
+            key.sign(TxEip1559 {
+                chain_id: CHAIN_ID,
+                nonce: state.accounts[&key.address].info.nonce,
+                gas_limit: 100_000,
+                max_fee_per_gas: 10_000,
+                max_priority_fee_per_gas: 3,
+                to: TxKind::Call(to),
+                value: U256::from(value),
+                access_list: Default::default(),
+                input: Bytes::new(),
+            })
+        };
+        // The two calls name different contracts, so the hints do not order them.
+        let block = block_of(
+            vec![
+                call(&generator.senders[0], first, 1),
+                call(&generator.senders[1], second, 0),
+            ],
+            30_000_000,
+        );
+        let db = Exploding::new(state.clone(), trap, Some(slow));
+        // In block order the receiver has its wei when the second call checks: no trap read.
+        let expected = SequentialExecutor
+            .execute(&generator.spec, &block, &db)
+            .expect("valid block");
+        assert_eq!(db.trap_reads.load(std::sync::atomic::Ordering::Relaxed), 0);
+        for round in 0..3 {
+            // Four threads: the committer only helps speculate, so the second call runs beside
+            // the first (which waits on `slow` before it pays), sees no balance and reads the
+            // trap.
+            let executor = parallel(4);
+            let actual = executor.execute(&generator.spec, &block, &db);
+            assert_eq!(
+                actual.as_ref().ok(),
+                Some(&expected),
+                "round {round}: {actual:?}"
+            );
+            let stats = executor.last_stats().expect("parallel path");
+            assert!(stats.exact >= 1, "round {round}: {stats:?}");
+        }
+        // The case under test happened: speculation read the trap.
+        assert!(db.trap_reads.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    });
 }
 
 #[test]

@@ -395,6 +395,9 @@ pub(crate) struct Speculator<'a, DB: StateReader> {
     blank: Account,
     /// The thread this speculator runs on (it is made there and never moves).
     thread: ThreadId,
+    /// What it was made from, to start afresh after a panic (see [`Speculator::run_or_recover`]).
+    shared: &'a SpecShared<'a, DB>,
+    env: EvmEnv,
 }
 
 impl<'a, DB: StateReader> Speculator<'a, DB> {
@@ -415,7 +418,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             code_cache: HashMap::default(),
         };
         Self {
-            evm: EthEvmBuilder::new(db, env).build().into_inner(),
+            evm: EthEvmBuilder::new(db, env.clone()).build().into_inner(),
             writes: Vec::with_capacity(8),
             reads_hint: 8,
             bloom: BloomCache::default(),
@@ -425,7 +428,48 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                 blank
             },
             thread: std::thread::current().id(),
+            shared,
+            env,
         }
+    }
+
+    /// [`Speculator::run`], with a panic turned into a failed speculation: the committer then
+    /// executes the transaction exactly, on the committed state.
+    ///
+    /// A speculative run reads a mix of committed and not yet committed values, a state no
+    /// exact execution ever sees, and code that assumes a consistent state (the EVM, a
+    /// database reader) may panic on it: a reader asked for a key the exact execution would
+    /// never read, say. Such a panic must not reject a valid block. A panic that any
+    /// execution of the transaction meets happens again in the exact run, on the committer,
+    /// and rejects the block there (`ExecutionError::WorkerPanic`). Nothing is lost by the
+    /// recovery: the multi-version memory's locks are never held while the EVM or the reader
+    /// runs, and writes the run may have published before it panicked only steer
+    /// speculation; every speculative read is validated against the committed state.
+    pub(crate) fn run_or_recover(
+        &mut self,
+        index: TxIdx,
+        tx: &Recovered<TxEnvelope>,
+        lazy_recipient: Option<Address>,
+        publish: bool,
+    ) -> SpecRun {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run(index, tx, lazy_recipient, publish)
+        }));
+        run.unwrap_or_else(|panic| {
+            tracing::warn!(
+                tx = index,
+                message = super::panic_message(panic.as_ref()),
+                "speculative execution panicked; the transaction is executed exactly"
+            );
+            // The EVM may have stopped in the middle of the transaction: start afresh.
+            *self = Self::new(self.shared, self.env.clone());
+            SpecRun::Done(Box::new(SpecOutcome {
+                reads: Vec::new(),
+                exec: None,
+                written: Vec::new(),
+                origin: self.thread,
+            }))
+        })
     }
 
     /// Executes transaction `index` speculatively; publishes its writes when `publish`.
