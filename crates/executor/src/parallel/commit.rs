@@ -263,12 +263,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             SpecRun::Done(outcome) => outcome,
             // Only the committer sets estimates and it clears them before helping, so this is
             // not expected; leave the transaction to the exact path rather than wait on itself.
-            SpecRun::Blocked(_) => Box::new(SpecOutcome {
-                reads: Vec::new(),
-                exec: None,
-                written: Vec::new(),
-                origin: self.speculator.thread(),
-            }),
+            SpecRun::Blocked(_) => SpecOutcome::failed(Vec::new(), self.speculator.thread()),
         };
         self.sched.finish(j, outcome, false);
     }

@@ -374,6 +374,18 @@ pub(crate) struct SpecOutcome {
     pub origin: ThreadId,
 }
 
+impl SpecOutcome {
+    /// A speculation that produced no result: the committer executes the transaction exactly.
+    pub(crate) fn failed(reads: Vec<Read>, origin: ThreadId) -> Box<Self> {
+        Box::new(Self {
+            reads,
+            exec: None,
+            written: Vec::new(),
+            origin,
+        })
+    }
+}
+
 /// Result of one attempt.
 pub(crate) enum SpecRun {
     /// A value it needs is being re-executed by the committer: retry after that commits.
@@ -463,12 +475,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             );
             // The EVM may have stopped in the middle of the transaction: start afresh.
             *self = Self::new(self.shared, self.env.clone());
-            SpecRun::Done(Box::new(SpecOutcome {
-                reads: Vec::new(),
-                exec: None,
-                written: Vec::new(),
-                origin: self.thread,
-            }))
+            SpecRun::Done(SpecOutcome::failed(Vec::new(), self.thread))
         })
     }
 
@@ -527,12 +534,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                     origin: self.thread,
                 }))
             }
-            _ => SpecRun::Done(Box::new(SpecOutcome {
-                reads,
-                exec: None,
-                written: Vec::new(),
-                origin: self.thread,
-            })),
+            _ => SpecRun::Done(SpecOutcome::failed(reads, self.thread)),
         }
     }
 }
