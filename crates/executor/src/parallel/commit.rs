@@ -259,7 +259,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         let (lazy, publish) = self.sched.hints().map_or((None, true), |h| {
             (h.lazy_recipient[j as usize], h.publish[j as usize])
         });
-        let outcome = match self.speculator.run_or_recover(j, tx, lazy, publish) {
+        let outcome = match self.speculator.run(j, tx, lazy, publish) {
             SpecRun::Done(outcome) => outcome,
             // Only the committer sets estimates and it clears them before helping, so this is
             // not expected; leave the transaction to the exact path rather than wait on itself.

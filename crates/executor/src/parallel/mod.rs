@@ -439,7 +439,7 @@ impl ParallelExecutor {
         // A panic anywhere (a state reader's, the system calls', the scheduler's, an exact
         // execution's) rejects the block on either path; the block's state is dropped with it,
         // so nothing partial survives. A speculative execution's panic only sends its
-        // transaction to the exact path (`Speculator::run_or_recover`).
+        // transaction to the exact path (`Speculator::run`).
         catch_unwind(AssertUnwindSafe(|| match &self.pool {
             Some(pool) if self.worth_parallel(block) => self
                 .execute_parallel(pool, spec, block, state)
@@ -504,7 +504,7 @@ fn worker<DB: StateReader>(
         let tx = &block.transactions[j as usize];
         let outcome = loop {
             let (lazy, publish) = (hints.lazy_recipient[j as usize], hints.publish[j as usize]);
-            match speculator.run_or_recover(j, tx, lazy, publish) {
+            match speculator.run(j, tx, lazy, publish) {
                 SpecRun::Done(outcome) => break outcome,
                 SpecRun::Blocked(writer) => {
                     // The committer is re-executing `writer`; its new values come within

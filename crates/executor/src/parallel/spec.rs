@@ -407,7 +407,7 @@ pub(crate) struct Speculator<'a, DB: StateReader> {
     blank: Account,
     /// The thread this speculator runs on (it is made there and never moves).
     thread: ThreadId,
-    /// What it was made from, to start afresh after a panic (see [`Speculator::run_or_recover`]).
+    /// What it was made from, to start afresh after a panic (see [`Speculator::run`]).
     shared: &'a SpecShared<'a, DB>,
     env: EvmEnv,
 }
@@ -445,29 +445,77 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
         }
     }
 
-    /// [`Speculator::run`], with a panic turned into a failed speculation: the committer then
-    /// executes the transaction exactly, on the committed state.
+    /// Executes transaction `index` speculatively; publishes its writes when `publish`.
     ///
-    /// A speculative run reads a mix of committed and not yet committed values, a state no
-    /// exact execution ever sees, and code that assumes a consistent state (the EVM, a
-    /// database reader) may panic on it: a reader asked for a key the exact execution would
-    /// never read, say. Such a panic must not reject a valid block. A panic that any
-    /// execution of the transaction meets happens again in the exact run, on the committer,
-    /// and rejects the block there (`ExecutionError::WorkerPanic`). Nothing is lost by the
-    /// recovery: the multi-version memory's locks are never held while the EVM or the reader
-    /// runs, and writes the run may have published before it panicked only steer
+    /// A panic becomes a failed speculation: the committer then executes the transaction
+    /// exactly, on the committed state. A speculative run reads a mix of committed and not yet
+    /// committed values, a state no exact execution ever sees, and code that assumes a
+    /// consistent state (the EVM, a database reader) may panic on it: a reader asked for a key
+    /// the exact execution would never read, say. Such a panic must not reject a valid block.
+    /// A panic that any execution of the transaction meets happens again in the exact run, on
+    /// the committer, and rejects the block there (`ExecutionError::WorkerPanic`). Nothing is
+    /// lost by the recovery: the multi-version memory's locks are never held while the EVM or
+    /// the reader runs, and writes the run may have published before it panicked only steer
     /// speculation; every speculative read is validated against the committed state.
-    pub(crate) fn run_or_recover(
+    pub(crate) fn run(
         &mut self,
         index: TxIdx,
         tx: &Recovered<TxEnvelope>,
         lazy_recipient: Option<Address>,
         publish: bool,
     ) -> SpecRun {
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run(index, tx, lazy_recipient, publish)
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            {
+                let db = self.evm.ctx().db_mut();
+                db.tx = index;
+                db.lazy_recipient = lazy_recipient;
+                db.reward_phase = false;
+                // As many as the previous transaction read: blocks repeat their shapes, and
+                // growing the list copies every read recorded so far.
+                db.reads = Vec::with_capacity(self.reads_hint);
+                db.blocked = None;
+                db.failed = false;
+            }
+            let tx_env: TxEnv = tx.to_tx_env();
+            self.evm.ctx().set_tx(tx_env);
+            let result = SpecHandler(std::marker::PhantomData).run(&mut self.evm);
+            let mut state = self.evm.ctx().journal_mut().finalize();
+            let db = self.evm.ctx().db_mut();
+            if let Some(tx) = db.blocked {
+                return SpecRun::Blocked(tx);
+            }
+            let reads = std::mem::take(&mut db.reads);
+            self.reads_hint = reads.len().clamp(8, 64);
+            let shared = db.shared;
+            match result {
+                Ok(result) if !db.failed => {
+                    let writes = &mut self.writes;
+                    writes.clear();
+                    // Run even when not publishing: it also records deployed code.
+                    extract_writes(&state, &reads, shared, writes);
+                    let written = if publish {
+                        shared.mv.write(index, 0, writes, &[]);
+                        writes.iter().map(|(l, _)| *l).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let bloom = self.bloom.bloom(result.logs());
+                    shed_original_info(&mut state, &self.blank);
+                    SpecRun::Done(Box::new(SpecOutcome {
+                        reads,
+                        exec: Some(SpecExec {
+                            result,
+                            state,
+                            bloom,
+                        }),
+                        written,
+                        origin: self.thread,
+                    }))
+                }
+                _ => SpecRun::Done(SpecOutcome::failed(reads, self.thread)),
+            }
         }));
-        run.unwrap_or_else(|panic| {
+        attempt.unwrap_or_else(|panic| {
             tracing::warn!(
                 tx = index,
                 message = super::panic_message(panic.as_ref()),
@@ -477,65 +525,6 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             *self = Self::new(self.shared, self.env.clone());
             SpecRun::Done(SpecOutcome::failed(Vec::new(), self.thread))
         })
-    }
-
-    /// Executes transaction `index` speculatively; publishes its writes when `publish`.
-    pub(crate) fn run(
-        &mut self,
-        index: TxIdx,
-        tx: &Recovered<TxEnvelope>,
-        lazy_recipient: Option<Address>,
-        publish: bool,
-    ) -> SpecRun {
-        {
-            let db = self.evm.ctx().db_mut();
-            db.tx = index;
-            db.lazy_recipient = lazy_recipient;
-            db.reward_phase = false;
-            // As many as the previous transaction read: blocks repeat their shapes, and growing
-            // the list copies every read recorded so far.
-            db.reads = Vec::with_capacity(self.reads_hint);
-            db.blocked = None;
-            db.failed = false;
-        }
-        let tx_env: TxEnv = tx.to_tx_env();
-        self.evm.ctx().set_tx(tx_env);
-        let result = SpecHandler(std::marker::PhantomData).run(&mut self.evm);
-        let mut state = self.evm.ctx().journal_mut().finalize();
-        let db = self.evm.ctx().db_mut();
-        if let Some(tx) = db.blocked {
-            return SpecRun::Blocked(tx);
-        }
-        let reads = std::mem::take(&mut db.reads);
-        self.reads_hint = reads.len().clamp(8, 64);
-        let shared = db.shared;
-        match result {
-            Ok(result) if !db.failed => {
-                let writes = &mut self.writes;
-                writes.clear();
-                // Run even when not publishing: it also records deployed code.
-                extract_writes(&state, &reads, shared, writes);
-                let written = if publish {
-                    shared.mv.write(index, 0, writes, &[]);
-                    writes.iter().map(|(l, _)| *l).collect()
-                } else {
-                    Vec::new()
-                };
-                let bloom = self.bloom.bloom(result.logs());
-                shed_original_info(&mut state, &self.blank);
-                SpecRun::Done(Box::new(SpecOutcome {
-                    reads,
-                    exec: Some(SpecExec {
-                        result,
-                        state,
-                        bloom,
-                    }),
-                    written,
-                    origin: self.thread,
-                }))
-            }
-            _ => SpecRun::Done(SpecOutcome::failed(reads, self.thread)),
-        }
     }
 }
 
