@@ -263,3 +263,53 @@ pub mod uniswap {
         getReservesCall {}.abi_encode().into()
     }
 }
+
+/// The compute workload's contract: hand-assembled EVM code that hashes a word `rounds` times
+/// and stores the result under the caller. Each call is CPU-heavy (about 90 gas and one Keccak
+/// per round) and touches one storage slot of its own, so calls from different senders are
+/// independent: the shape of blocks of few, heavy transactions.
+pub mod compute {
+    use alloy_primitives::{Address, Bytes, U256, address, hex};
+
+    /// Where the generator places the contract (in the genesis, no constructor).
+    pub const ADDRESS: Address = address!("0x00000000000000000000000000000000c0ffee00");
+
+    /// The runtime code. Calldata is one word, `rounds`.
+    ///
+    /// ```text
+    /// 00 PUSH1 0  CALLDATALOAD          ; rounds
+    /// 03 CALLER SLOAD CALLER XOR        ; storage[caller] ^ caller
+    /// 07 PUSH1 0  MSTORE                ; mem[0] = that
+    /// 0a JUMPDEST                       ; loop:
+    /// 0b DUP1 ISZERO PUSH1 0x1f JUMPI   ;   rounds == 0 → done
+    /// 10 PUSH1 32 PUSH1 0 KECCAK256     ;   mem[0] = keccak(mem[0])
+    /// 15 PUSH1 0  MSTORE
+    /// 18 PUSH1 1 SWAP1 SUB              ;   rounds -= 1
+    /// 1c PUSH1 0x0a JUMP
+    /// 1f JUMPDEST POP                   ; done:
+    /// 21 PUSH1 0 MLOAD CALLER SSTORE    ; storage[caller] = mem[0]
+    /// 26 STOP
+    /// ```
+    pub const RUNTIME: [u8; 39] = hex!(
+        "60003533543318600052" "5b8015601f57602060002060005260019003600a56" "5b506000513355" "00"
+    );
+
+    /// Gas of one round of the loop.
+    pub const GAS_PER_ROUND: u64 = 88;
+
+    /// A gas limit that covers a call of `rounds` rounds: the intrinsic 21,000 and calldata,
+    /// a cold `SLOAD`, a fresh `SSTORE`, and the rounds, with room to spare.
+    pub fn gas_limit(rounds: u32) -> u64 {
+        60_000 + GAS_PER_ROUND * u64::from(rounds)
+    }
+
+    /// The calldata of a call of `rounds` rounds.
+    pub fn encode(rounds: u32) -> Bytes {
+        Bytes::from(U256::from(rounds).to_be_bytes::<32>().to_vec())
+    }
+
+    /// The slot a call from `caller` stores its result in.
+    pub fn result_slot(caller: Address) -> U256 {
+        U256::from_be_slice(caller.as_slice())
+    }
+}

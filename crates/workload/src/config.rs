@@ -25,11 +25,15 @@ pub enum WorkloadKind {
     /// (in the same block or a later one) moves exactly that amount with `transferFrom`, so a
     /// spend depends on its approval through the allowance slot alone.
     Allowance,
+    /// Calls of a CPU-heavy contract ([`compute`](crate::compute)): each hashes a word
+    /// 2,000 to 10,000 times (about 0.2 to 0.9 Mgas) and stores the result in a slot of its
+    /// sender's own, so the calls are independent. Blocks of a few heavy transactions.
+    Compute,
 }
 
 impl WorkloadKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Transfer,
         Self::Erc20,
         Self::Uniswap,
@@ -37,6 +41,7 @@ impl WorkloadKind {
         Self::Chained,
         Self::Allowance,
         Self::Router,
+        Self::Compute,
     ];
 
     /// The name `FromStr` accepts and `Display` prints.
@@ -49,6 +54,7 @@ impl WorkloadKind {
             Self::Chained => "chained",
             Self::Allowance => "allowance",
             Self::Router => "router",
+            Self::Compute => "compute",
         }
     }
 

@@ -4,8 +4,8 @@
 //! matching [`ChainSpec`](overdrive_primitives::ChainSpec) and genesis header) and a chain of
 //! blocks of signed EIP-1559 transactions, with senders already recovered. Kinds: ETH
 //! transfers, OpenZeppelin v5 ERC20 transfers, Uniswap V2 router swaps over many independent
-//! pairs, a hybrid mix with a contention knob, and a fully chained ERC20 sequence; every kind
-//! takes a sender-skew knob. The same config and seed always give byte-identical blocks.
+//! pairs, a hybrid mix with a contention knob, a fully chained ERC20 sequence, and calls of a
+//! CPU-heavy contract; every kind takes a sender-skew knob. The same config and seed always give byte-identical blocks.
 //!
 //! The contracts are real: the genesis is built by executing their constructors and the
 //! liquidity setup with revm, from artifacts that `scripts/setup-contracts.sh` compiles (the
@@ -24,7 +24,7 @@ mod workload;
 #[cfg(test)]
 mod tests;
 
-pub use abi::{erc20, uniswap};
+pub use abi::{compute, erc20, uniswap};
 pub use artifacts::{ARTIFACTS_ENV, artifacts_dir};
 pub use config::{MAX_TOTAL_TXS, MIN_ACCOUNTS, WorkloadConfig, WorkloadKind};
 pub use error::WorkloadError;

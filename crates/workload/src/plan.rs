@@ -49,6 +49,8 @@ const ETH_VALUE: (u128, u128) = (ETHER / 1_000_000, ETHER / 1_000);
 const TOKEN_AMOUNT: (u128, u128) = (ETHER / 1_000, ETHER);
 /// Swaps pay in 0.01 to 10 tokens, against a million-token reserve.
 const SWAP_AMOUNT: (u128, u128) = (ETHER / 100, 10 * ETHER);
+/// Compute calls run 2,000 to 10,000 rounds.
+const COMPUTE_ROUNDS: (u64, u64) = (2_000, 10_000);
 
 /// What one transaction does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +70,8 @@ pub(crate) enum Action {
         token0_in: bool,
         amount_in: U256,
     },
+    /// Call the compute contract for `rounds` rounds.
+    Compute { rounds: u32 },
 }
 
 /// One transaction before signing.
@@ -183,6 +187,12 @@ pub(crate) fn plan(cfg: &WorkloadConfig) -> Vec<Vec<PlannedTx>> {
                     )
                 }
                 WorkloadKind::Allowance => allowance(&mut rng, &mut senders, n, &mut open),
+                WorkloadKind::Compute => {
+                    let sender = senders.pick(&mut rng);
+                    let span = COMPUTE_ROUNDS.1 - COMPUTE_ROUNDS.0 + 1;
+                    let rounds = (COMPUTE_ROUNDS.0 + rng.below(span)) as u32;
+                    (sender, Action::Compute { rounds })
+                }
                 WorkloadKind::Hybrid => {
                     let sender = senders.pick(&mut rng);
                     let is_hot = rng.chance(cfg.hot_share);

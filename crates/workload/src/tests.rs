@@ -127,6 +127,8 @@ struct Model {
     burnt: U256,
     swaps_per_pair: HashMap<Address, usize>,
     last_swap_time: HashMap<Address, u64>,
+    /// The compute contract's result slot of each caller.
+    computed: HashMap<Address, U256>,
 }
 
 impl Model {
@@ -241,6 +243,18 @@ impl Model {
             );
             *self.swaps_per_pair.entry(pair).or_default() += 1;
             self.last_swap_time.insert(pair, timestamp);
+        } else if Some(to) == w.contracts.compute {
+            let rounds = U256::from_be_slice(tx.input());
+            let slot = compute::result_slot(sender);
+            let prev = *self
+                .computed
+                .entry(sender)
+                .or_insert_with(|| storage(g, to, slot));
+            let mut word = B256::from(prev ^ slot);
+            for _ in 0..rounds.to::<u32>() {
+                word = alloy_primitives::keccak256(word);
+            }
+            self.computed.insert(sender, word.into());
         } else {
             assert!(tx.input().is_empty(), "unexpected call to {to}");
         }
@@ -305,6 +319,17 @@ fn execute_and_check(w: &Workload) -> (MemState, Model) {
             u64::from(timestamp),
             model.last_swap_time[pair],
             "blockTimestampLast of {pair}"
+        );
+    }
+    for (caller, expected) in &model.computed {
+        let compute = w
+            .contracts
+            .compute
+            .expect("computed only with the contract");
+        assert_eq!(
+            storage(&state, compute, compute::result_slot(*caller)),
+            *expected,
+            "compute result of {caller}"
         );
     }
     let allowances = model
@@ -738,6 +763,25 @@ fn hybrid_mixes_kinds_and_hot_share_sets_contention() {
         );
         let (_, model) = execute_and_check(&w);
         assert!(!model.reserves.is_empty());
+    }
+}
+
+#[test]
+fn compute_calls_hash_as_the_model_says() {
+    // Hot senders call several times, so later calls start from an earlier call's result.
+    let w = gen_ok(&WorkloadConfig {
+        txs_per_block: 40,
+        sender_skew: 0.5,
+        ..config(WorkloadKind::Compute)
+    });
+    assert_eq!(w.contracts.compute, Some(compute::ADDRESS));
+    let (_, model) = execute_and_check(&w);
+    let callers = w.blocks.iter().flat_map(|b| &b.transactions).count();
+    assert!(model.computed.len() < callers, "no sender called twice");
+    let (_, results) = execute(&w);
+    for result in &results {
+        let gas = result.tx_gas_used();
+        assert!((200_000..1_000_000).contains(&gas), "{gas} gas");
     }
 }
 

@@ -1,6 +1,6 @@
 use crate::{
     WorkloadConfig, WorkloadError, WorkloadKind,
-    abi::{erc20, uniswap},
+    abi::{compute, erc20, uniswap},
     artifacts::{self, ContractCode},
     genesis::{self, DEPLOYER_TOKEN_SUPPLY, ETHER, Setup, UniswapDeployment},
     keys::{self, Signer},
@@ -65,6 +65,8 @@ pub struct Contracts {
     pub token: Option<Address>,
     /// Uniswap V2 (uniswap and hybrid workloads).
     pub uniswap: Option<UniswapDeployment>,
+    /// The compute contract, at [`compute::ADDRESS`] (compute workload).
+    pub compute: Option<Address>,
 }
 
 /// A generated workload: a genesis and the blocks to execute on it.
@@ -155,6 +157,19 @@ pub fn generate_with_artifacts(
     );
     let (bundle, token, uniswap) = deployed?;
     state.apply_bundle(&bundle);
+    // Hand-assembled code has no constructor: it is placed, as a genesis allocation would.
+    let compute = (cfg.kind == WorkloadKind::Compute).then(|| {
+        state.insert_account(
+            compute::ADDRESS,
+            U256::ZERO,
+            1,
+            Some(revm::bytecode::Bytecode::new_raw(Bytes::from_static(
+                &compute::RUNTIME,
+            ))),
+            HashMap::default(),
+        );
+        compute::ADDRESS
+    });
     genesis::normalize_code(&mut state);
     if let (Some(token), Some(code)) = (token, &token_code) {
         check_token(&state, token, deployer, code)?;
@@ -204,6 +219,7 @@ pub fn generate_with_artifacts(
             deployer,
             token,
             uniswap,
+            compute,
         },
     })
 }
@@ -343,6 +359,7 @@ fn gas_limit(action: &Action) -> u64 {
         Action::Erc20 { .. } => ERC20_GAS,
         Action::Approve { .. } | Action::TransferFrom { .. } => ALLOWANCE_GAS,
         Action::Swap { .. } => SWAP_GAS,
+        Action::Compute { rounds } => compute::gas_limit(*rounds),
     }
 }
 
@@ -407,6 +424,7 @@ impl Targets<'_> {
                 };
                 (router, U256::ZERO, input)
             }
+            Action::Compute { rounds } => (compute::ADDRESS, U256::ZERO, compute::encode(rounds)),
         };
         TxEip1559 {
             chain_id: self.chain_id,
