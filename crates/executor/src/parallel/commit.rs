@@ -456,7 +456,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                         match db.cache.accounts.entry(*address) {
                             hash_map::Entry::Occupied(entry) => {
                                 let now = entry.get().account.as_ref().map(|a| &a.info);
-                                if now.map(Observed::from_info) != observed {
+                                if !seen.answers(now.map(Observed::from_info)) {
                                     return Err(Invalid);
                                 }
                                 continue;
@@ -483,7 +483,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     let now = db.basic(*address).map_err(|_| Invalid)?;
                     match mode {
                         ReadMode::Strict => {
-                            if Observed::of(&now) != observed {
+                            if !seen.answers(Observed::of(&now)) {
                                 return Err(Invalid);
                             }
                         }

@@ -116,6 +116,29 @@ impl Seen {
         }
     }
 
+    /// Whether an account whose value is now `now` (in the committed state, or in the
+    /// transaction's own result) still answers this read as it was answered.
+    ///
+    /// Balance, nonce and code hash must be equal. Whether the answer carried the code must be
+    /// equal too, except for a read of the pre-state that the block has not changed the code
+    /// hash of. A database answers without the code (reth's does, and so does `MemState`),
+    /// while an account an execution has called carries it in `revm::State`'s cache from
+    /// then on: comparing it there failed every later speculative read of every contract
+    /// once one call of it was committed. Ignoring it there changes no output: execution
+    /// loads the code by its hash either way, and the one output that reads the field, the
+    /// bundle's list of new contracts, reads it only for accounts whose code hash the block
+    /// changed — and every code change (a creation, an EIP-7702 delegation) carries its code.
+    pub(crate) fn answers(&self, now: Option<Observed>) -> bool {
+        match (self, now) {
+            (Self::Base(Some(base)), Some(now)) => {
+                base.balance == now.balance
+                    && base.nonce == now.nonce
+                    && base.code_hash == now.code_hash
+            }
+            _ => self.observed() == now,
+        }
+    }
+
     /// The pre-state reader's value, if that is what was seen.
     pub(crate) fn base(&self) -> Option<&Option<AccountInfo>> {
         match self {
@@ -590,27 +613,29 @@ pub(crate) fn extract_writes<DB>(
                     address: a,
                     seen,
                     mode,
-                } if *a == address => Some((seen.observed(), *mode)),
+                } if *a == address => Some((seen, *mode)),
                 _ => None,
             });
             let now = Observed::from_info(&account.info);
             // New code without creation: an EIP-7702 delegation set or cleared.
-            if read.is_none_or(|(o, _)| o.is_none_or(|o| o.code_hash != now.code_hash))
-                && let Some(code) = &account.info.code
+            if read.is_none_or(|(seen, _)| {
+                seen.observed().is_none_or(|o| o.code_hash != now.code_hash)
+            }) && let Some(code) = &account.info.code
                 && !code.is_empty()
             {
                 shared.new_code.insert(account.info.code_hash, code.clone());
             }
             match read {
-                Some((observed, ReadMode::LazyRecipient)) => {
-                    let before = observed.map(|o| o.balance).unwrap_or_default();
+                Some((seen, ReadMode::LazyRecipient)) => {
+                    let before = seen.observed().map(|o| o.balance).unwrap_or_default();
                     let value = match account.info.balance.checked_sub(before) {
                         Some(delta) => MvValue::Delta(delta),
                         None => MvValue::Account(Some(account.info.clone())),
                     };
                     out.push((Location::Account(address), value));
                 }
-                Some((observed, _)) if observed == Some(now) => {}
+                // Unchanged (loading the code to run it is no change): nothing to publish.
+                Some((seen, _)) if seen.answers(Some(now)) => {}
                 _ => out.push((
                     Location::Account(address),
                     MvValue::Account(Some(account.info.clone())),
@@ -623,5 +648,43 @@ pub(crate) fn extract_writes<DB>(
                 MvValue::Storage(value.present_value),
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{Bytes, b256};
+
+    fn contract(code: Option<Bytecode>) -> AccountInfo {
+        AccountInfo {
+            balance: U256::from(7),
+            nonce: 1,
+            code_hash: b256!("0x1111111111111111111111111111111111111111111111111111111111111111"),
+            code,
+            account_id: None,
+        }
+    }
+
+    #[test]
+    fn a_database_answer_without_code_still_answers_once_the_code_is_loaded() {
+        let code = Some(Bytecode::new_raw(Bytes::from_static(&[0x00])));
+        let seen = Seen::Base(Some(contract(None)));
+        assert!(seen.answers(Some(Observed::from_info(&contract(code.clone())))));
+        assert!(seen.answers(Some(Observed::from_info(&contract(None)))));
+        // Any other field still counts.
+        let mut richer = contract(code.clone());
+        richer.balance += U256::from(1);
+        assert!(!seen.answers(Some(Observed::from_info(&richer))));
+        let mut redeployed = contract(code.clone());
+        redeployed.code_hash = KECCAK_EMPTY;
+        assert!(!seen.answers(Some(Observed::from_info(&redeployed))));
+        assert!(!seen.answers(None));
+        // A value the block wrote is compared whole, whether the code was carried included.
+        let written = Seen::Written(Some(Observed::from_info(&contract(None))));
+        assert!(!written.answers(Some(Observed::from_info(&contract(code)))));
+        assert!(written.answers(Some(Observed::from_info(&contract(None)))));
+        assert!(Seen::Base(None).answers(None));
+        assert!(!Seen::Base(None).answers(Some(Observed::from_info(&contract(None)))));
     }
 }
