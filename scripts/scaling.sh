@@ -7,12 +7,15 @@
 #   scripts/scaling.sh [BIN]            # BIN: a release `overdrive` (default: built here)
 #
 # Environment: THREADS (default "1 2 4 8 16"), WORKLOADS (default: every workload kind),
-# TRIE_ACCOUNTS (default "100000 1000000"), OUT (a directory for the raw JSON lines).
+# TRIE_ACCOUNTS (default "100000 1000000"), COMPUTE_TXS (calls per compute block, default 200:
+# each is 0.2–0.9 Mgas, so 6,000 would make 3-gigagas blocks), OUT (a directory for the raw
+# JSON lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-common.sh "$@"
 THREADS="${THREADS:-1 2 4 8 16}"
-WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router}"
+WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router compute}"
+COMPUTE_TXS="${COMPUTE_TXS:-200}"
 TRIE_ACCOUNTS="${TRIE_ACCOUNTS:-100000 1000000}"
 # A number with two decimals, and a quotient (awk: bc is not on every machine).
 fmt() { awk -v x="$1" 'BEGIN { printf "%.2f", x }'; }
@@ -27,11 +30,13 @@ header() {
 
 echo "## bench exec: speedup (cpu ratio), 100k accounts, 6,000 txs x 5 blocks ($(nproc) cores)"
 echo
+echo "(compute: $COMPUTE_TXS calls per block)"
+echo
 header "workload \\ threads"
 for w in $WORKLOADS; do
   row="| $w |"
   for t in $THREADS; do
-    bench_exec "$w" "$t"
+    if [[ "$w" == compute ]]; then bench_exec "$w" "$t" "$COMPUTE_TXS"; else bench_exec "$w" "$t"; fi
     row+=" $(fmt "$(field speedup "$JSON")") ($(fmt "$(field cpu_ratio "$JSON")")) |"
   done
   echo "$row"

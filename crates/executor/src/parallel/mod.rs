@@ -53,8 +53,12 @@ use std::{
     },
 };
 
-/// Blocks with fewer transactions than this run sequentially by default.
-pub const DEFAULT_MIN_TXS_FOR_PARALLEL: usize = 16;
+/// Blocks with fewer transactions than this run sequentially by default: one transaction has
+/// nothing to run beside. The gas floor ([`DEFAULT_MIN_GAS_FOR_PARALLEL`]) is what keeps
+/// cheap blocks sequential; a block of few transactions above it holds heavy ones, and those
+/// gain (measured on 2 threads, `BENCHMARKS.md`: 8 calls of ≈ 0.5 Mgas each, the compute
+/// workload, 1.65–1.72x; 16 was the default before that was measured).
+pub const DEFAULT_MIN_TXS_FOR_PARALLEL: usize = 2;
 
 /// Blocks whose estimated gas (see [`block_gas_estimate`]) is below this run sequentially by
 /// default: the parallel path costs about 0.1 ms a block more (hints, multi-version memory,
