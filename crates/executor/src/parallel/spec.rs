@@ -36,8 +36,9 @@ use std::{
 };
 
 /// The account fields a transaction's result can depend on. The code follows from the hash,
-/// but whether the answer carried it does matter: the journal keeps the `code` field as it got
-/// it, and the bundle records a contract from the final `code` field when the hash changed.
+/// but whether the answer carried it can matter: the journal keeps the `code` field as it got
+/// it, and the bundle records a contract from the final `code` field when the hash changed
+/// (see [`Seen::answers`] for where it does not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Observed {
     pub balance: U256,
@@ -120,14 +121,22 @@ impl Seen {
     /// transaction's own result) still answers this read as it was answered.
     ///
     /// Balance, nonce and code hash must be equal. Whether the answer carried the code must be
-    /// equal too, except for a read of the pre-state that the block has not changed the code
-    /// hash of. A database answers without the code (reth's does, and so does `MemState`),
-    /// while an account an execution has called carries it in `revm::State`'s cache from
-    /// then on: comparing it there failed every later speculative read of every contract
-    /// once one call of it was committed. Ignoring it there changes no output: execution
-    /// loads the code by its hash either way, and the one output that reads the field, the
-    /// bundle's list of new contracts, reads it only for accounts whose code hash the block
-    /// changed — and every code change (a creation, an EIP-7702 delegation) carries its code.
+    /// equal too, except for a read of the pre-state whose code hash is still the pre-state's
+    /// (a change and back — a destroy and same-code re-create before Cancun — included). A
+    /// database answers without the code (reth's does, and so does `MemState`), while an
+    /// account an execution has called carries it in `revm::State`'s cache from then on:
+    /// comparing it there failed every later speculative read of every contract once one call
+    /// of it was committed.
+    ///
+    /// Ignoring it there changes no output. Execution loads code by its hash before using it,
+    /// and the pre-state's hash has its code in the database. The one output that reads the
+    /// field, the bundle's list of new contracts, reads it only for an account whose final
+    /// code hash differs from its pre-state one, and every code change (a creation, an
+    /// EIP-7702 delegation) sets the code along with the hash, so a `None` committed here is
+    /// replaced by any later change. The field itself may then be `None` in a committed or
+    /// bundled account where the sequential executor's has the code (as it already was for
+    /// lazily credited recipients); `AccountInfo`'s equality, reth's `Account` and the state
+    /// root do not read it.
     pub(crate) fn answers(&self, now: Option<Observed>) -> bool {
         match (self, now) {
             (Self::Base(Some(base)), Some(now)) => {
