@@ -753,3 +753,51 @@ fn small_blocks_take_the_sequential_path_by_gas() {
     assert_equal(&large, &generator.spec, &block, &state, "at").expect("valid");
     assert!(large.last_stats().is_some());
 }
+
+/// An account that exists empty in the database (a genesis file may hold one), is credited
+/// lazily and then sends. `revm::State` caches an empty account as `AccountInfo::default()`,
+/// with its (empty) code attached; speculation must see the credited account the same way,
+/// or the send fails validation and runs twice.
+#[test]
+fn an_empty_account_credited_lazily_then_sending_validates() {
+    let (generator, mut state) = Gen::new(Fork::Prague, 8);
+    let empty = Key::new(8_008, 0);
+    state.insert_account(empty.address, U256::ZERO, 0, None, Default::default());
+    let transfer = |key: &Key, nonce: u64, to: Address, value: U256| {
+        key.sign(TxEip1559 {
+            chain_id: CHAIN_ID,
+            nonce,
+            gas_limit: 21_000,
+            max_fee_per_gas: 10_000,
+            max_priority_fee_per_gas: 3,
+            to: TxKind::Call(to),
+            value,
+            access_list: Default::default(),
+            input: Bytes::new(),
+        })
+    };
+    let nonce = |key: &Key| state.accounts[&key.address].info.nonce;
+    let ether = U256::from(10u64).pow(U256::from(18));
+    let (a, b, c) = (
+        &generator.senders[0],
+        &generator.senders[1],
+        &generator.senders[2],
+    );
+    // Two plain transfers to it make it a lazy recipient; then it sends.
+    let block = block_of(
+        vec![
+            transfer(a, nonce(a), empty.address, ether),
+            transfer(b, nonce(b), empty.address, ether),
+            transfer(&empty, 0, c.address, U256::from(1)),
+        ],
+        30_000_000,
+    );
+    for run in 0..8 {
+        // Four threads: every transaction is speculated and validated (`speculate_all`).
+        let executor = parallel(4);
+        assert_equal(&executor, &generator.spec, &block, &state, "empty account")
+            .expect("valid block");
+        let stats = executor.last_stats().expect("parallel path");
+        assert_eq!(stats.exact, 0, "run {run}: {stats:?}");
+    }
+}

@@ -63,7 +63,8 @@ impl HintKey {
 enum Mode {
     /// Reads and writes the value: ordered after every earlier access.
     Strict,
-    /// Only adds to a balance (a lazy increment): needs no order among its kind.
+    /// Only adds to a balance (a lazy increment): needs no order among its kind, so a strict
+    /// access after several waits for each of them, not only the last.
     Additive,
 }
 
@@ -497,9 +498,13 @@ pub(crate) fn build(
         }));
         ends.push(hashed.len());
     }
-    // (hash, last strict access, last access of any mode) per key, `NONE` for none.
+    // (hash, last strict access, last access of any mode, index in `additive`) per key,
+    // `NONE` for none.
     const NONE: TxIdx = TxIdx::MAX;
-    let mut last = Table::new(hashed.len(), (0u64, NONE, NONE));
+    let mut last = Table::new(hashed.len(), (0u64, NONE, NONE, NONE));
+    // Per key with additive accesses, those since its last strict one: unordered among
+    // themselves, each must be waited for by the next strict access.
+    let mut additive: Vec<Vec<TxIdx>> = Vec::new();
     // Length of the longest dependency chain ending at each transaction.
     let mut depth: Vec<u32> = Vec::with_capacity(txs.len());
     let mut start = 0;
@@ -521,10 +526,18 @@ pub(crate) fn build(
             match mode {
                 Mode::Strict => {
                     deps.extend(Some(entry.2).filter(|&p| p != NONE));
+                    if let Some(since) = additive.get_mut(entry.3 as usize) {
+                        deps.append(since);
+                    }
                     (entry.1, entry.2) = (j, j);
                 }
                 Mode::Additive => {
                     deps.extend(Some(entry.1).filter(|&p| p != NONE));
+                    if entry.3 == NONE {
+                        entry.3 = additive.len() as TxIdx;
+                        additive.push(Vec::new());
+                    }
+                    additive[entry.3 as usize].push(j);
                     entry.2 = j;
                 }
             }
@@ -558,7 +571,10 @@ mod tests {
                 *transfers.entry(to).or_default() += 1;
             }
         }
-        let mut last: HashMap<HintKey, (Option<TxIdx>, Option<TxIdx>)> = HashMap::default();
+        // Per key: the last strict access, the last access, the additive ones since the last
+        // strict one.
+        let mut last: HashMap<HintKey, (Option<TxIdx>, Option<TxIdx>, Vec<TxIdx>)> =
+            HashMap::default();
         let mut slots: HashMap<Address, usize> = HashMap::default();
         let mut hints = BlockHints::default();
         let mut depth = Vec::new();
@@ -585,14 +601,16 @@ mod tests {
                 {
                     *slots.entry(contract).or_default() += 1;
                 }
-                let (strict, any) = last.entry(key).or_default();
+                let (strict, any, since) = last.entry(key).or_default();
                 match mode {
                     Mode::Strict => {
                         deps.extend(*any);
+                        deps.append(since);
                         (*strict, *any) = (Some(j), Some(j));
                     }
                     Mode::Additive => {
                         deps.extend(*strict);
+                        since.push(j);
                         *any = Some(j);
                     }
                 }
@@ -621,6 +639,50 @@ mod tests {
             alloy_primitives::Signature::test_signature(),
         );
         Recovered::new_unchecked(TxEnvelope::Legacy(signed), Address::repeat_byte(sender))
+    }
+
+    /// A plain value transfer from `sender` to `to`.
+    fn pay(sender: u8, to: Address) -> Recovered<TxEnvelope> {
+        let tx = alloy_consensus::TxLegacy {
+            to: TxKind::Call(to),
+            value: U256::from(1),
+            gas_limit: 21_000,
+            ..Default::default()
+        };
+        let signed = alloy_consensus::Signed::new_unhashed(
+            tx,
+            alloy_primitives::Signature::test_signature(),
+        );
+        Recovered::new_unchecked(TxEnvelope::Legacy(signed), Address::repeat_byte(sender))
+    }
+
+    /// Lazy credits run unordered among themselves, so the recipient's next strict access (it
+    /// sends) waits for every credit since the last strict one, not only the last credit: it
+    /// ran beside an earlier credit and failed validation.
+    #[test]
+    fn a_strict_access_waits_for_every_lazy_credit_before_it() {
+        let hot = Address::repeat_byte(7);
+        let txs = vec![
+            pay(1, hot),
+            pay(2, hot),
+            pay(3, hot),
+            pay(7, Address::repeat_byte(9)),
+            pay(4, hot),
+            pay(7, Address::repeat_byte(9)),
+        ];
+        let hints = build(&txs, Address::ZERO, true, None);
+        assert_eq!(hints.lazy_recipient[..3], [Some(hot); 3]);
+        assert!(
+            hints.deps[..3].iter().all(Vec::is_empty),
+            "{:?}",
+            hints.deps
+        );
+        assert_eq!(hints.deps[3], [0, 1, 2]);
+        // After the strict access, a credit waits for it, and the next strict access for the
+        // credit (and so for both).
+        assert_eq!(hints.deps[4], [3]);
+        assert_eq!(hints.deps[5], [4]);
+        assert_eq!(hints.deps, reference(&txs, Address::ZERO, true).deps);
     }
 
     /// Undecoded calls run unordered until their conflicts are frequent; then the rest of the

@@ -248,12 +248,14 @@ impl<DB: StateReader> SpecDb<'_, DB> {
                     return Ok((base.clone(), Seen::Base(base)));
                 }
                 Ok(written(Some(match base {
-                    Some(mut info) => {
+                    Some(mut info) if !info.is_empty() => {
                         info.balance = info.balance.saturating_add(delta);
                         info
                     }
-                    // Lazy credits created the account.
-                    None => AccountInfo {
+                    // Lazy credits created the account, or credited one that exists empty:
+                    // `revm::State` caches an empty account as `AccountInfo::default()` (its
+                    // empty code attached), and validation compares against that.
+                    _ => AccountInfo {
                         balance: delta,
                         ..Default::default()
                     },
