@@ -573,8 +573,8 @@ mod tests {
         }
         // Per key: the last strict access, the last access, the additive ones since the last
         // strict one.
-        let mut last: HashMap<HintKey, (Option<TxIdx>, Option<TxIdx>, Vec<TxIdx>)> =
-            HashMap::default();
+        type Accesses = (Option<TxIdx>, Option<TxIdx>, Vec<TxIdx>);
+        let mut last: HashMap<HintKey, Accesses> = HashMap::default();
         let mut slots: HashMap<Address, usize> = HashMap::default();
         let mut hints = BlockHints::default();
         let mut depth = Vec::new();
