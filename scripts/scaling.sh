@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-common.sh "$@"
 THREADS="${THREADS:-1 2 4 8 16}"
-WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router compute}"
+WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router compute exchange}"
 COMPUTE_TXS="${COMPUTE_TXS:-200}"
 TRIE_ACCOUNTS="${TRIE_ACCOUNTS:-100000 1000000}"
 # A number with two decimals, and a quotient (awk: bc is not on every machine).

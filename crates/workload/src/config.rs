@@ -29,11 +29,16 @@ pub enum WorkloadKind {
     /// 2,000 to 10,000 times (about 0.2 to 0.9 Mgas) and stores the result in a slot of its
     /// sender's own, so the calls are independent. Blocks of a few heavy transactions.
     Compute,
+    /// ETH transfers among accounts around an exchange's hot wallet (the hot account): one
+    /// transaction in ten a deposit into it, one in a hundred a withdrawal from it to a random
+    /// account, the rest between random accounts. The wallet is credited lazily between its
+    /// own sends, each of which must see every deposit before it.
+    Exchange,
 }
 
 impl WorkloadKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Transfer,
         Self::Erc20,
         Self::Uniswap,
@@ -42,6 +47,7 @@ impl WorkloadKind {
         Self::Allowance,
         Self::Router,
         Self::Compute,
+        Self::Exchange,
     ];
 
     /// The name `FromStr` accepts and `Display` prints.
@@ -55,6 +61,7 @@ impl WorkloadKind {
             Self::Allowance => "allowance",
             Self::Router => "router",
             Self::Compute => "compute",
+            Self::Exchange => "exchange",
         }
     }
 

@@ -49,6 +49,10 @@ const ETH_VALUE: (u128, u128) = (ETHER / 1_000_000, ETHER / 1_000);
 const TOKEN_AMOUNT: (u128, u128) = (ETHER / 1_000, ETHER);
 /// Swaps pay in 0.01 to 10 tokens, against a million-token reserve.
 const SWAP_AMOUNT: (u128, u128) = (ETHER / 100, 10 * ETHER);
+/// Of every hundred exchange transactions, this many are withdrawals from the hot wallet...
+const EXCHANGE_WITHDRAWALS: u64 = 1;
+/// ...and this many deposits into it.
+const EXCHANGE_DEPOSITS: u64 = 10;
 /// Compute calls run 2,000 to 10,000 rounds.
 const COMPUTE_ROUNDS: (u64, u64) = (2_000, 10_000);
 
@@ -187,6 +191,22 @@ pub(crate) fn plan(cfg: &WorkloadConfig) -> Vec<Vec<PlannedTx>> {
                     )
                 }
                 WorkloadKind::Allowance => allowance(&mut rng, &mut senders, n, &mut open),
+                WorkloadKind::Exchange => {
+                    let value = rng.between(ETH_VALUE.0, ETH_VALUE.1);
+                    let draw = rng.below(100);
+                    if draw < EXCHANGE_WITHDRAWALS {
+                        let to = recipient(&mut rng, n, &[hot]);
+                        (hot, Action::Eth { to, value })
+                    } else {
+                        let sender = senders.pick(&mut rng);
+                        let to = if draw < EXCHANGE_WITHDRAWALS + EXCHANGE_DEPOSITS {
+                            hot
+                        } else {
+                            recipient(&mut rng, n, &[sender, hot])
+                        };
+                        (sender, Action::Eth { to, value })
+                    }
+                }
                 WorkloadKind::Compute => {
                     let sender = senders.pick(&mut rng);
                     let span = COMPUTE_ROUNDS.1 - COMPUTE_ROUNDS.0 + 1;

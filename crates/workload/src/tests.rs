@@ -767,6 +767,22 @@ fn hybrid_mixes_kinds_and_hot_share_sets_contention() {
 }
 
 #[test]
+fn exchange_deposits_into_and_withdraws_from_the_hot_wallet() {
+    let w = gen_ok(&WorkloadConfig {
+        txs_per_block: 1_000,
+        ..config(WorkloadKind::Exchange)
+    });
+    let hot = w.hot_account();
+    let txs: Vec<_> = w.blocks.iter().flat_map(|b| &b.transactions).collect();
+    let withdrawals = txs.iter().filter(|tx| tx.signer() == hot).count();
+    let deposits = txs.iter().filter(|tx| tx.to() == Some(hot)).count();
+    // One and ten in a hundred, of 2,000.
+    assert!((8..=40).contains(&withdrawals), "{withdrawals} withdrawals");
+    assert!((140..=260).contains(&deposits), "{deposits} deposits");
+    execute_and_check(&w);
+}
+
+#[test]
 fn compute_calls_hash_as_the_model_says() {
     // Hot senders call several times, so later calls start from an earlier call's result.
     let w = gen_ok(&WorkloadConfig {

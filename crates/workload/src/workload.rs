@@ -18,7 +18,8 @@ use std::{collections::BTreeMap, path::Path};
 
 /// Accounts `0..HOT_SENDERS` are the hot senders that `sender_skew` sends from.
 pub const HOT_SENDERS: usize = 4;
-/// Account index of the hybrid workload's hot account (the recipient of its hot transfers).
+/// Account index of the hot account: the recipient of the hybrid workload's hot transfers, and
+/// the exchange workload's hot wallet.
 pub const HOT_ACCOUNT: usize = HOT_SENDERS;
 /// Beneficiary of every generated block. No genesis account lives here, so after execution
 /// its balance is exactly the priority fees paid.
@@ -92,7 +93,7 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// The hybrid workload's hot account.
+    /// The hybrid workload's hot account, the exchange workload's hot wallet.
     pub fn hot_account(&self) -> Address {
         self.accounts[HOT_ACCOUNT]
     }
