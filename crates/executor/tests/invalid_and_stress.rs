@@ -763,19 +763,6 @@ fn an_empty_account_credited_lazily_then_sending_validates() {
     let (generator, mut state) = Gen::new(Fork::Prague, 8);
     let empty = Key::new(8_008, 0);
     state.insert_account(empty.address, U256::ZERO, 0, None, Default::default());
-    let transfer = |key: &Key, nonce: u64, to: Address, value: U256| {
-        key.sign(TxEip1559 {
-            chain_id: CHAIN_ID,
-            nonce,
-            gas_limit: 21_000,
-            max_fee_per_gas: 10_000,
-            max_priority_fee_per_gas: 3,
-            to: TxKind::Call(to),
-            value,
-            access_list: Default::default(),
-            input: Bytes::new(),
-        })
-    };
     let nonce = |key: &Key| state.accounts[&key.address].info.nonce;
     let ether = U256::from(10u64).pow(U256::from(18));
     let (a, b, c) = (
@@ -786,9 +773,9 @@ fn an_empty_account_credited_lazily_then_sending_validates() {
     // Two plain transfers to it make it a lazy recipient; then it sends.
     let block = block_of(
         vec![
-            transfer(a, nonce(a), empty.address, ether),
-            transfer(b, nonce(b), empty.address, ether),
-            transfer(&empty, 0, c.address, U256::from(1)),
+            transfer(a, nonce(a), empty.address, ether, 21_000),
+            transfer(b, nonce(b), empty.address, ether, 21_000),
+            transfer(&empty, 0, c.address, U256::from(1), 21_000),
         ],
         30_000_000,
     );

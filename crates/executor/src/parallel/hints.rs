@@ -626,10 +626,10 @@ mod tests {
     }
 
     /// A legacy call from `sender` (signature not checked: hints only read the sender).
-    fn call(sender: u8, to: Address, input: Vec<u8>) -> Recovered<TxEnvelope> {
+    fn legacy(sender: u8, to: Address, value: u64, input: Vec<u8>) -> Recovered<TxEnvelope> {
         let tx = alloy_consensus::TxLegacy {
             to: TxKind::Call(to),
-            value: U256::ZERO,
+            value: U256::from(value),
             input: input.into(),
             gas_limit: 100_000,
             ..Default::default()
@@ -641,19 +641,14 @@ mod tests {
         Recovered::new_unchecked(TxEnvelope::Legacy(signed), Address::repeat_byte(sender))
     }
 
-    /// A plain value transfer from `sender` to `to`.
+    /// A call without value.
+    fn call(sender: u8, to: Address, input: Vec<u8>) -> Recovered<TxEnvelope> {
+        legacy(sender, to, 0, input)
+    }
+
+    /// A plain value transfer.
     fn pay(sender: u8, to: Address) -> Recovered<TxEnvelope> {
-        let tx = alloy_consensus::TxLegacy {
-            to: TxKind::Call(to),
-            value: U256::from(1),
-            gas_limit: 21_000,
-            ..Default::default()
-        };
-        let signed = alloy_consensus::Signed::new_unhashed(
-            tx,
-            alloy_primitives::Signature::test_signature(),
-        );
-        Recovered::new_unchecked(TxEnvelope::Legacy(signed), Address::repeat_byte(sender))
+        legacy(sender, to, 1, Vec::new())
     }
 
     /// Lazy credits run unordered among themselves, so the recipient's next strict access (it
