@@ -1,9 +1,10 @@
 //! `overdrive`: runs overdrive's components. Subcommands: `init` (genesis), `ef-tests`
 //! (ethereum/tests fixtures), `bench exec` and `bench trie` (measured comparisons against the
-//! references).
+//! references). `--metrics <ADDR>` serves the components' Prometheus metrics meanwhile.
 
 mod allocator;
 mod commands;
+mod metrics;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +20,10 @@ struct Cli {
     /// Log filter (RUST_LOG syntax), e.g. `info` or `overdrive=debug`.
     #[arg(long, global = true, default_value = "info", env = "RUST_LOG")]
     log: String,
+    /// Serve Prometheus metrics (the executors' and the trie's) at this address, e.g.
+    /// `127.0.0.1:9001`, while the command runs.
+    #[arg(long, global = true, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,6 +52,9 @@ fn main() -> eyre::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log)?)
         .with_writer(std::io::stderr)
         .init();
+    if let Some(addr) = cli.metrics {
+        metrics::serve(addr)?;
+    }
     match cli.command {
         Command::Init(args) => commands::init::run(args),
         Command::EfTests(args) => commands::ef_tests::run(args),

@@ -5,13 +5,17 @@
 //! EIP-7685 requests and the bundle state with reverts. [`SequentialExecutor`] runs alloy-evm's
 //! `EthBlockExecutor` over `revm::State` (reth's own path) and is the reference that every
 //! faster executor must equal bit for bit.
+//!
+//! Both record per-block metrics through the `metrics` facade (see [`describe_metrics`]).
 
 mod error;
+mod metrics;
 mod parallel;
 mod sequential;
 mod traits;
 
 pub use error::ExecutionError;
+pub use metrics::describe_metrics;
 pub use parallel::{
     CommitStats, DEFAULT_MIN_GAS_FOR_PARALLEL, DEFAULT_MIN_TXS_FOR_PARALLEL, LEARNED_BLOCKS,
     Learned, ParallelConfig, ParallelExecutor, block_gas_estimate,

@@ -8,7 +8,7 @@ use alloy_evm::{
 };
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
 use revm::database::{BundleState, State, WrapDatabaseRef, states::bundle_state::BundleRetention};
-use std::borrow::Cow;
+use std::{borrow::Cow, time::Instant};
 
 /// The reference executor: alloy-evm's `EthBlockExecutor` (with every system call the fork
 /// requires: EIP-4788, EIP-2935, withdrawals, EIP-6110/7002/7251 requests) over
@@ -84,24 +84,44 @@ impl BlockExecutor for SequentialExecutor {
         block: &RecoveredBlock,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
-        let mut db = block_state(state, block);
-        let evm = EthEvmFactory::default().create_evm(&mut db, evm_env(spec, block));
-        let executor = EthBlockExecutor::new(
-            evm,
-            execution_ctx(block),
-            spec,
-            AlloyReceiptBuilder::default(),
+        let started = Instant::now();
+        let result = execute_block(spec, block, state);
+        crate::metrics::record_block(
+            self.name(),
+            "sequential",
+            block.transactions.len(),
+            &result,
+            started.elapsed(),
         );
-        let result = executor.execute_block(block.transactions.iter())?;
-        db.merge_transitions(BundleRetention::Reverts);
-        let mut bundle = db.take_bundle();
-        canonical_reverts(&mut bundle);
-        Ok(BlockOutput {
-            receipts: result.receipts,
-            gas_used: result.gas_used,
-            blob_gas_used: result.blob_gas_used,
-            requests: result.requests,
-            bundle,
-        })
+        result
     }
+}
+
+/// The reference execution of `block`: alloy-evm's `EthBlockExecutor` over `revm::State`, the
+/// bundle merged with its reverts in canonical order. Other executors' sequential paths call
+/// it too (and record their own metrics).
+pub(crate) fn execute_block<DB: StateReader>(
+    spec: &ChainSpec,
+    block: &RecoveredBlock,
+    state: &DB,
+) -> Result<BlockOutput, ExecutionError> {
+    let mut db = block_state(state, block);
+    let evm = EthEvmFactory::default().create_evm(&mut db, evm_env(spec, block));
+    let executor = EthBlockExecutor::new(
+        evm,
+        execution_ctx(block),
+        spec,
+        AlloyReceiptBuilder::default(),
+    );
+    let result = executor.execute_block(block.transactions.iter())?;
+    db.merge_transitions(BundleRetention::Reverts);
+    let mut bundle = db.take_bundle();
+    canonical_reverts(&mut bundle);
+    Ok(BlockOutput {
+        receipts: result.receipts,
+        gas_used: result.gas_used,
+        blob_gas_used: result.blob_gas_used,
+        requests: result.requests,
+        bundle,
+    })
 }

@@ -16,11 +16,14 @@
 //!   definition the trie is tested against.
 //! - [`bench`](mod@bench): the `overdrive bench trie` workload and its comparison with a full
 //!   rebuild and a reth-style incremental root.
+//!
+//! Each computed root is recorded through the `metrics` facade (see [`describe_metrics`]).
 
 pub mod bench;
 mod engine;
 mod error;
 mod keccak;
+mod metrics;
 mod node;
 mod raw;
 pub mod reference;
@@ -29,6 +32,7 @@ mod state_trie;
 mod store;
 
 pub use error::TrieError;
+pub use metrics::describe_metrics;
 pub use node::{Node, NodeDecodeError, StoredNode, Value};
 pub use raw::RawTrie;
 pub use state::{HashedAccount, HashedPostState, HashedStorage};

@@ -13,7 +13,7 @@ use alloy_rlp::{Decodable, Encodable};
 use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieAccount};
 use overdrive_tasks::{Pinning, worker_pool};
 use rayon::{ThreadPool, prelude::*};
-use std::{cmp::Reverse, sync::Arc};
+use std::{cmp::Reverse, sync::Arc, time::Instant};
 
 /// Tasks per worker that a trie's updates are cut into, at most: enough for work stealing to
 /// even out uneven subtrees, few enough that each task is worth what it costs to start and
@@ -341,6 +341,13 @@ impl<S: NodeStore> StateTrie<S> {
 
     /// Computes the root and node changes of `diff` without writing them.
     pub fn compute(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
+        let started = Instant::now();
+        let output = self.compute_on_pool(diff)?;
+        crate::metrics::record_root(&output.stats, started.elapsed());
+        Ok(output)
+    }
+
+    fn compute_on_pool(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
         let parallel = self.config.threads > 1;
         self.pool.install(|| {
             let mut stats = TrieStats::default();

@@ -73,7 +73,7 @@ pub struct TrieArgs {
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
-    /// transfer | erc20 | uniswap | hybrid | chained | allowance | router
+    /// transfer | erc20 | uniswap | hybrid | chained | allowance | router | compute | exchange
     #[arg(long, default_value = "erc20")]
     workload: WorkloadKind,
     /// Funded accounts in the generated genesis.

@@ -28,8 +28,8 @@ mod spec;
 pub use commit::CommitStats;
 
 use crate::{
-    BlockExecutor, BlockOutput, ExecutionError, SequentialExecutor, StateReader, evm_env,
-    execution_ctx, sequential::block_state,
+    BlockExecutor, BlockOutput, ExecutionError, StateReader, evm_env, execution_ctx,
+    sequential::{self, block_state},
 };
 use alloy_evm::{
     EvmFactory,
@@ -142,7 +142,8 @@ impl Default for ParallelConfig {
 }
 
 /// The parallel executor. Reusable across blocks; owns a persistent pool of `threads - 1`
-/// workers. Output equals [`SequentialExecutor`]'s bit for bit, errors included.
+/// workers. Output equals [`SequentialExecutor`](crate::SequentialExecutor)'s bit for bit,
+/// errors included.
 #[derive(Debug)]
 pub struct ParallelExecutor {
     config: ParallelConfig,
@@ -444,15 +445,34 @@ impl ParallelExecutor {
         // execution's) rejects the block on either path; the block's state is dropped with it,
         // so nothing partial survives. A speculative execution's panic only sends its
         // transaction to the exact path (`Speculator::run`).
-        catch_unwind(AssertUnwindSafe(|| match &self.pool {
-            Some(pool) if self.worth_parallel(block) => self
+        let started = std::time::Instant::now();
+        let pool = self.pool.as_ref().filter(|_| self.worth_parallel(block));
+        let result = catch_unwind(AssertUnwindSafe(|| match pool {
+            Some(pool) => self
                 .execute_parallel(pool, spec, block, state)
                 .map(|(output, stats)| (output, Some(stats))),
-            _ => SequentialExecutor
-                .execute(spec, block, state)
-                .map(|output| (output, None)),
+            None => sequential::execute_block(spec, block, state).map(|output| (output, None)),
         }))
-        .unwrap_or_else(|panic| Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref()))))
+        .unwrap_or_else(|panic| Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref()))));
+        let (recorded, stats) = match result {
+            Ok((output, stats)) => (Ok(output), stats),
+            Err(e) => (Err(e), None),
+        };
+        crate::metrics::record_block(
+            self.name(),
+            if pool.is_some() {
+                "parallel"
+            } else {
+                "sequential"
+            },
+            block.transactions.len(),
+            &recorded,
+            started.elapsed(),
+        );
+        if let Some(stats) = &stats {
+            crate::metrics::record_commit(stats);
+        }
+        recorded.map(|output| (output, stats))
     }
 }
 
