@@ -16,7 +16,8 @@ use std::{
     panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     sync::Arc,
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::atomic::{AtomicU64, AtomicUsize, Ordering},
+    time::{Duration, Instant},
 };
 
 /// Which executor imports the blocks.
@@ -213,6 +214,47 @@ const EIP7610: &str = "EIP-7610 create collision with a storage-only account: im
 /// the 2 MiB default.
 const TEST_THREAD_STACK: usize = 64 << 20;
 
+/// How often a run over many files logs how far it has got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// Files done out of a run's total, and when to say so next. Shared by the test threads;
+/// only atomics, so a thread that finishes a file never waits on another.
+struct Progress {
+    started: Instant,
+    every: Duration,
+    total: usize,
+    done: AtomicUsize,
+    /// Milliseconds since `started` from which the next report is due.
+    next_report_ms: AtomicU64,
+}
+
+impl Progress {
+    fn new(total: usize, every: Duration) -> Self {
+        Self {
+            started: Instant::now(),
+            every,
+            total,
+            done: AtomicUsize::new(0),
+            next_report_ms: AtomicU64::new(every.as_millis() as u64),
+        }
+    }
+
+    /// Counts a finished file; returns the files done when a report is due (to one thread
+    /// only, however many finish at once).
+    fn file_done(&self) -> Option<usize> {
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.started.elapsed().as_millis() as u64;
+        let due = self.next_report_ms.load(Ordering::Relaxed);
+        let next = now + self.every.as_millis() as u64;
+        (now >= due
+            && self
+                .next_report_ms
+                .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok())
+        .then_some(done)
+    }
+}
+
 /// The executors of one run, built once and shared by every test.
 pub struct Runner {
     options: RunOptions,
@@ -249,6 +291,7 @@ impl Runner {
     pub fn run_paths(&self, paths: &[PathBuf]) -> std::io::Result<Summary> {
         let files = collect_files(paths)?;
         let next = AtomicUsize::new(0);
+        let progress = Progress::new(files.len(), PROGRESS_EVERY);
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut results: Vec<(usize, Vec<TestResult>)> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..workers)
@@ -262,6 +305,14 @@ impl Runner {
                                 let i = next.fetch_add(1, Ordering::Relaxed);
                                 let Some(file) = files.get(i) else { break done };
                                 done.push((i, self.run_file(file)));
+                                if let Some(files_done) = progress.file_done() {
+                                    tracing::info!(
+                                        files = files_done,
+                                        of = progress.total,
+                                        elapsed = ?progress.started.elapsed(),
+                                        "ef-tests progress"
+                                    );
+                                }
                             }
                         })
                 })
@@ -726,4 +777,42 @@ fn state_diff(got: &MemState, expected: &MemState) -> Option<String> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_reported_once_per_interval() {
+        // Due at once: every file reports.
+        let always = Progress::new(3, Duration::ZERO);
+        assert_eq!(
+            [always.file_done(), always.file_done(), always.file_done()],
+            [Some(1), Some(2), Some(3)]
+        );
+        // Not due within the interval: files are counted, nothing is reported.
+        let rarely = Progress::new(5, Duration::from_secs(3600));
+        assert_eq!((0..5).filter_map(|_| rarely.file_done()).count(), 0);
+        assert_eq!(rarely.done.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn one_report_per_due_time_across_threads() {
+        let progress = Progress::new(400, Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(2));
+        let reports: usize = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| scope.spawn(|| (0..100).filter_map(|_| progress.file_done()).count()))
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        let elapsed_ms = progress.started.elapsed().as_millis() as usize;
+        assert!(reports >= 1, "the first file after the due time reports");
+        assert!(
+            reports <= elapsed_ms + 1,
+            "{reports} reports in {elapsed_ms} ms"
+        );
+        assert_eq!(progress.done.load(Ordering::Relaxed), 400);
+    }
 }
