@@ -394,6 +394,7 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     let mut world = World::new(cfg.accounts, &mut rng);
     let genesis = world.genesis();
+    tracing::info!(accounts = cfg.accounts, elapsed = ?setup.elapsed(), "state generated");
 
     let config = |threads| TrieConfig {
         threads,
@@ -406,6 +407,7 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     parallel.apply(&genesis)?;
     serial.apply(&genesis)?;
     drop(genesis);
+    tracing::info!(elapsed = ?setup.elapsed(), "genesis tries built");
 
     let token_root = parallel.storage_root(world.token)?;
     let mut flat = world.flat(token_root);
@@ -421,6 +423,7 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     // 1–12 µs of one of its two threads (BENCHMARKS.md, the trie's twelfth round).
     overdrive_primitives::prefault_heap(cfg.prefault_heap_mib);
     let setup_s = setup.elapsed().as_secs_f64();
+    tracing::info!(elapsed = ?setup.elapsed(), "reference tries built, measuring");
 
     let (mut full_ms, mut reth_ms, mut one_ms, mut par_ms, mut compute_ms) =
         (vec![], vec![], vec![], vec![], vec![]);
@@ -485,6 +488,21 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         let par_time = ms(start);
 
         roots_equal &= full_root == reth_root && reth_root == one.root && one.root == output.root;
+        tracing::info!(
+            block,
+            of = cfg.blocks,
+            full_rebuild_ms = full_time,
+            reth_style_ms = reth_time,
+            overdrive_1t_ms = one_time,
+            overdrive_ms = par_time,
+            roots_equal,
+            "{}",
+            if block == 0 {
+                "warm-up block"
+            } else {
+                "block measured"
+            }
+        );
         if block == 0 {
             continue;
         }
