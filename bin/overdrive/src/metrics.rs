@@ -21,6 +21,9 @@ const MAX_REQUEST: usize = 8 * 1024;
 /// dropped (the one serving thread is not held by a stalled client).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long the endpoint waits after a failed `accept` before trying again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
 /// How often histograms are drained into their summaries when nothing scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
@@ -50,9 +53,18 @@ pub fn serve(addr: SocketAddr) -> eyre::Result<SocketAddr> {
         .name("metrics".into())
         .spawn(move || {
             for stream in listener.incoming() {
-                let result = stream.and_then(|stream| answer(stream, &handle));
-                if let Err(e) = result {
-                    tracing::debug!(%e, "metrics scrape failed");
+                match stream {
+                    Ok(stream) => {
+                        if let Err(e) = answer(stream, &handle) {
+                            tracing::debug!(%e, "metrics scrape failed");
+                        }
+                    }
+                    // Out of file descriptors, say: it will not clear at once, so wait a
+                    // little rather than spin on it.
+                    Err(e) => {
+                        tracing::warn!(%e, "metrics endpoint cannot accept a connection");
+                        std::thread::sleep(ACCEPT_RETRY);
+                    }
                 }
             }
         })?;
