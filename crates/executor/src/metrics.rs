@@ -26,14 +26,15 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         REJECTED,
-        "Blocks rejected: an invalid transaction, a database error or a panic"
+        "Blocks rejected: an invalid transaction or a database error; for the parallel \
+         executor also a panic (the sequential one lets a panic unwind to its caller)"
     );
     describe_counter!(TRANSACTIONS, "Transactions of executed blocks");
-    describe_counter!(GAS, Unit::Count, "Gas used by executed blocks");
+    describe_counter!(GAS, "Gas used by executed blocks");
     describe_histogram!(
         DURATION,
         Unit::Seconds,
-        "Wall time of one block's execution, rejected blocks included"
+        "Wall time of one block's execution, by executor and path, rejected blocks included"
     );
     describe_counter!(
         VALIDATED,
@@ -58,7 +59,7 @@ pub(crate) fn record_block(
     result: &Result<BlockOutput, ExecutionError>,
     elapsed: Duration,
 ) {
-    histogram!(DURATION, "executor" => executor).record(elapsed.as_secs_f64());
+    histogram!(DURATION, "executor" => executor, "path" => path).record(elapsed.as_secs_f64());
     match result {
         Ok(output) => {
             counter!(BLOCKS, "executor" => executor, "path" => path).increment(1);

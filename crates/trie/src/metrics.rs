@@ -1,7 +1,8 @@
 //! The trie's metrics, recorded through the `metrics` facade once per computed root on the
 //! calling thread. Inside reth they reach reth's Prometheus endpoint; under
 //! `overdrive --metrics` they reach overdrive's. With no recorder installed each call does
-//! nothing.
+//! nothing. The `threads` label is the trie's worker count, which tells apart the tries of a
+//! process that has several (the benchmark's one-thread and N-thread tries).
 
 use crate::TrieStats;
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
@@ -37,15 +38,16 @@ pub fn describe_metrics() {
     describe_counter!(SLOTS, "Storage slots updated");
 }
 
-/// Records one computed root.
-pub(crate) fn record_root(stats: &TrieStats, elapsed: Duration) {
-    counter!(ROOTS).increment(1);
-    histogram!(DURATION).record(elapsed.as_secs_f64());
-    counter!(KECCAK).increment(stats.keccak_calls);
-    counter!(WRITTEN).increment(stats.dirty_nodes);
-    counter!(DELETED).increment(stats.deleted_nodes);
-    counter!(ACCOUNTS).increment(stats.account_updates);
-    counter!(SLOTS).increment(stats.slot_updates);
+/// Records one root computed by a trie of `threads` workers.
+pub(crate) fn record_root(stats: &TrieStats, elapsed: Duration, threads: usize) {
+    let labels = [("threads", threads.to_string())];
+    counter!(ROOTS, &labels).increment(1);
+    histogram!(DURATION, &labels).record(elapsed.as_secs_f64());
+    counter!(KECCAK, &labels).increment(stats.keccak_calls);
+    counter!(WRITTEN, &labels).increment(stats.dirty_nodes);
+    counter!(DELETED, &labels).increment(stats.deleted_nodes);
+    counter!(ACCOUNTS, &labels).increment(stats.account_updates);
+    counter!(SLOTS, &labels).increment(stats.slot_updates);
 }
 
 #[cfg(test)]
@@ -81,7 +83,13 @@ mod tests {
         let value = |name: &str| {
             series
                 .iter()
-                .find(|(key, ..)| key.key().name() == name)
+                .find(|(key, ..)| {
+                    key.key().name() == name
+                        && key
+                            .key()
+                            .labels()
+                            .any(|l| l.key() == "threads" && l.value() == "2")
+                })
                 .map(|(.., value)| value)
         };
         let counter = |name| match value(name) {

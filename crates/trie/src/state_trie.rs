@@ -343,7 +343,7 @@ impl<S: NodeStore> StateTrie<S> {
     pub fn compute(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
         let started = Instant::now();
         let output = self.compute_on_pool(diff)?;
-        crate::metrics::record_root(&output.stats, started.elapsed());
+        crate::metrics::record_root(&output.stats, started.elapsed(), self.config.threads);
         Ok(output)
     }
 

@@ -496,12 +496,8 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
             overdrive_1t_ms = one_time,
             overdrive_ms = par_time,
             roots_equal,
-            "{}",
-            if block == 0 {
-                "warm-up block"
-            } else {
-                "block measured"
-            }
+            warm_up = block == 0,
+            "block"
         );
         if block == 0 {
             continue;
