@@ -471,7 +471,7 @@ pub(crate) mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(96), ..ProptestConfig::default() })]
 
         /// Keys of different lengths (prefixes of each other, the empty key included) against
         /// the naive definition, batch by batch; the final nodes equal a fresh build's.

@@ -862,7 +862,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(48), ..ProptestConfig::default() })]
 
         /// Multi-block sequences of inserts, updates, deletes, self-destructs and re-creates:
         /// every block's root equals the HashBuilder root of the model state; after the last

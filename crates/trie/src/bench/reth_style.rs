@@ -169,7 +169,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(64), ..ProptestConfig::default() })]
 
         /// The baseline must be right for its timing to mean anything.
         #[test]
