@@ -12,6 +12,7 @@
 //! lines do not.
 
 use overdrive_executor::{BlockExecutor, ParallelConfig, ParallelExecutor, SequentialExecutor};
+use overdrive_tasks::process_cpu_time;
 use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
 use std::time::{Duration, Instant};
 
@@ -19,17 +20,6 @@ use std::time::{Duration, Instant};
 // the committer frees it) cost more than the executions themselves.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage only writes into the zeroed struct passed to it.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -67,9 +57,9 @@ fn main() {
         let _ = f(); // warm-up
         let mut samples: Vec<(Duration, Duration)> = (0..repeat)
             .map(|_| {
-                let (c, w) = (cpu_time(), Instant::now());
+                let (c, w) = (process_cpu_time(), Instant::now());
                 let out = f();
-                let sample = (w.elapsed(), cpu_time() - c);
+                let sample = (w.elapsed(), process_cpu_time() - c);
                 drop(out);
                 sample
             })

@@ -13,7 +13,7 @@
 //!
 //! [`core_round_trip`] measures what a hand-off of data between two cores costs on this
 //! machine; the benchmarks print it ([`RoundTrips`]), since on a shared host it changes from
-//! second to second.
+//! second to second. [`process_cpu_time`] is the CPU time behind the benchmarks' `cpu_ratio`.
 
 use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
 use std::{
@@ -178,6 +178,26 @@ pub fn core_round_trip(round_trips: u32) -> Option<Duration> {
     })
 }
 
+/// The CPU time this process has used so far, user and system, all threads together.
+///
+/// The benchmarks report `cpu_ratio` (parallel CPU time over sequential) from it: a parallel
+/// run that is faster only because it burns both cores shows there.
+pub fn process_cpu_time() -> Duration {
+    // SAFETY: getrusage only writes into the zeroed struct passed to it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| {
+        Duration::new(
+            u64::try_from(t.tv_sec).unwrap_or(0),
+            u32::try_from(t.tv_usec).unwrap_or(0) * 1000,
+        )
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 /// The core-to-core round trips measured over a benchmark run (one per block), for its
 /// report: the state of the machine its parallel figures were taken in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -231,6 +251,19 @@ impl RoundTrips {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_cpu_time_counts_work() {
+        let before = process_cpu_time();
+        let started = Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let used = process_cpu_time() - before;
+        // getrusage counts in ticks of the scheduler at worst; 30 ms of spinning shows.
+        assert!(used >= Duration::from_millis(10), "{used:?}");
+    }
 
     #[test]
     fn core_round_trip_is_measured_on_two_cores() {

@@ -4,6 +4,7 @@ use overdrive_executor::{
     BlockExecutor, BlockOutput, ParallelConfig, ParallelExecutor, SequentialExecutor,
 };
 use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
+use overdrive_tasks::process_cpu_time;
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -189,17 +190,6 @@ impl Timing {
         self.wall += other.wall;
         self.cpu += other.cpu;
     }
-}
-
-fn process_cpu_time() -> Duration {
-    // SAFETY: getrusage only writes into the zeroed struct we pass.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// One timed execution of `block` by `executor`.
