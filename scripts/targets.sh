@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The executor's and the trie's speed targets (issues 3 and 4), measured ROUNDS times each and
-# summed up per target: every round's figure, the median, and in how many rounds it was met.
+# summed up per target: the range over the rounds, the median, and in how many rounds it was met
+# (each round's figure stays in the files under OUT).
 #
 # On this project's 2-core VM one run of a command cannot settle a target near 1.8x: the same
 # binary's speedup moves by ±15 % from minute to minute (BENCHMARKS.md). This script runs the

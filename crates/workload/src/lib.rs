@@ -4,8 +4,10 @@
 //! matching [`ChainSpec`](overdrive_primitives::ChainSpec) and genesis header) and a chain of
 //! blocks of signed EIP-1559 transactions, with senders already recovered. Kinds: ETH
 //! transfers, OpenZeppelin v5 ERC20 transfers, Uniswap V2 router swaps over many independent
-//! pairs, a hybrid mix with a contention knob, a fully chained ERC20 sequence, and calls of a
-//! CPU-heavy contract; every kind takes a sender-skew knob. The same config and seed always give byte-identical blocks.
+//! pairs (directly decoded, or through the router's fee-on-transfer entry point the hints
+//! cannot decode), a hybrid mix with a contention knob, a fully chained ERC20 sequence, ERC20
+//! approvals spent by `transferFrom`, ETH transfers around an exchange's hot wallet, and calls
+//! of a CPU-heavy contract ([`WorkloadKind::ALL`]); every kind takes a sender-skew knob. The same config and seed always give byte-identical blocks.
 //!
 //! The contracts are real: the genesis is built by executing their constructors and the
 //! liquidity setup with revm, from artifacts that `scripts/setup-contracts.sh` compiles (the
