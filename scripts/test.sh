@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit/integration/differential tests, and the
+# The whole test suite: formatting, lints, doc links, unit/integration/differential tests, and the
 # ethereum/tests fixtures. Tests build with optimised dependencies (see [profile.dev] in
 # Cargo.toml), because revm in debug runs 40-75x slower.
 set -euo pipefail
@@ -10,6 +10,8 @@ export OVERDRIVE_FIXTURES="$FIXTURES"
 bash scripts/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Broken intra-doc links fail too: the docs are where a newcomer starts.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
 # The fixtures twice: the references alone, then every overdrive component at once.
 cargo build --locked -q -p overdrive

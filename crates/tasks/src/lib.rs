@@ -209,7 +209,7 @@ pub struct RoundTrips {
 }
 
 impl RoundTrips {
-    /// Measures one ([`core_round_trip`] of [`ROUND_TRIPS`]) and keeps it.
+    /// Measures one ([`core_round_trip`] of 20,000 round trips) and keeps it.
     pub fn measure(&mut self) -> Option<Duration> {
         let measured = core_round_trip(ROUND_TRIPS);
         match measured {

@@ -6,7 +6,7 @@ use secp256k1::{Message, PublicKey, SECP256K1, SecretKey};
 /// The private key of workload account `index` under `seed`: `base(seed) + index`, where
 /// `base` is keccak of a label and the seed.
 ///
-/// Consecutive keys let [`derive_signers`] get each public key from the previous one with one
+/// Consecutive keys let `derive_signers` get each public key from the previous one with one
 /// point addition instead of a full scalar multiplication (about four times faster, which
 /// is most of the generation time for a million accounts). `base` is re-hashed until its top
 /// byte is below 0xff, so `base + index` stays far below the curve order for any `u64` index:
