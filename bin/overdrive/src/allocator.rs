@@ -11,8 +11,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// Sets up the allocator for block processing, before any other thread exists.
 ///
 /// - Freed memory is kept for 10 s before it goes back to the OS (mimalloc's default: 10 ms in
-///   the v2 this build links, 1 s in v3). Every block allocates and frees tens of megabytes; returned pages cost the next
-///   block a page fault and a zeroed page each again. 10 s is jemalloc's default dirty-page
+///   the v2 this build links, 1 s in v3). Every block allocates and frees tens of megabytes;
+///   returned pages cost the next block a page fault and a zeroed page each again. 10 s is jemalloc's default dirty-page
 ///   decay, which reth runs with. An operator's `MIMALLOC_PURGE_DELAY` wins.
 /// - Transparent huge pages are turned off for the process (`PR_SET_THP_DISABLE`). mimalloc
 ///   asks for them on its arenas, and on a fragmented host the kernel then compacts memory

@@ -76,7 +76,7 @@ fn pin_cores(threads: usize) -> Option<Vec<core_affinity::CoreId>> {
 const ROUND_TRIP_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Round trips per [`RoundTrips::measure`]: a few milliseconds.
-const ROUND_TRIPS: u32 = 20_000;
+pub const ROUND_TRIPS: u32 = 20_000;
 
 /// The mean time a cache line takes to go from one core to another and back: two threads,
 /// pinned to the first two cores the caller may run on, pass a counter back and forth
@@ -209,7 +209,7 @@ pub struct RoundTrips {
 }
 
 impl RoundTrips {
-    /// Measures one ([`core_round_trip`] of 20,000 round trips) and keeps it.
+    /// Measures one ([`core_round_trip`] of [`ROUND_TRIPS`]) and keeps it.
     pub fn measure(&mut self) -> Option<Duration> {
         let measured = core_round_trip(ROUND_TRIPS);
         match measured {
@@ -254,15 +254,28 @@ mod tests {
 
     #[test]
     fn process_cpu_time_counts_work() {
-        let before = process_cpu_time();
+        // Spin until the clock shows 20 ms of CPU. A clock that does not move (a wrong field)
+        // or runs 1,000 times too slow leaves the loop only at the wall-clock bound and fails
+        // the first check; one 1,000 times too fast fails the second. Other tests' threads may
+        // add to the process's time, never take from it.
         let started = Instant::now();
+        let before = process_cpu_time();
         let mut x = 0u64;
-        while started.elapsed() < Duration::from_millis(30) {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        let mut used = Duration::ZERO;
+        while used < Duration::from_millis(20) && started.elapsed() < Duration::from_secs(10) {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            used = process_cpu_time() - before;
         }
-        let used = process_cpu_time() - before;
-        // getrusage counts in ticks of the scheduler at worst; 30 ms of spinning shows.
-        assert!(used >= Duration::from_millis(10), "{used:?}");
+        assert!(used >= Duration::from_millis(20), "{used:?}");
+        // No more than every core busy for the whole time.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let elapsed = started.elapsed();
+        assert!(
+            used <= elapsed * cores + Duration::from_millis(5),
+            "{used:?} of CPU in {elapsed:?}"
+        );
     }
 
     #[test]
