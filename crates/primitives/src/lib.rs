@@ -9,6 +9,7 @@
 //!   every executor.
 //! - [`prefetch`]: a cache prefetch hint for code that walks large tables; [`prefault_heap`]:
 //!   warms a fresh process's heap before measured work.
+//! - [`soak`]: whether the long randomized test runs were asked for.
 
 mod block;
 mod chain_spec;
@@ -19,6 +20,12 @@ pub use block::{BlockError, RecoveredBlock};
 pub use chain_spec::{ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address};
 pub use mem::{prefault_heap, prefetch};
 pub use state::{MemAccount, MemState, bytecode_from_raw};
+
+/// Whether `OVERDRIVE_SOAK` (set, not empty, not `0`) asks the randomized tests of every crate
+/// for their long runs: one switch, read in one place, starts every soak.
+pub fn soak() -> bool {
+    std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty())
+}
 
 /// Re-exports of the hardfork vocabulary so downstream crates name one source.
 pub use alloy_hardforks::{EthereumHardfork, EthereumHardforks, ForkCondition};

@@ -45,10 +45,12 @@ pub use store::{
 pub use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieAccount, TrieMask, nodes::RlpNode};
 
 /// How many cases a property test runs: `default` in CI, four hundred times as many under
-/// `OVERDRIVE_SOAK` (set, not empty, not `0`), the executor's soak switch, so one variable
-/// starts every long randomized run.
+/// the soak switch ([`overdrive_primitives::soak`]).
 #[cfg(test)]
 pub(crate) fn proptest_cases(default: u32) -> u32 {
-    let soak = std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty());
-    if soak { default * 400 } else { default }
+    if overdrive_primitives::soak() {
+        default * 400
+    } else {
+        default
+    }
 }

@@ -595,10 +595,7 @@ pub struct Gen {
 
 pub const CHAIN_ID: u64 = 1337;
 
-/// Whether `OVERDRIVE_SOAK` (set, not empty, not `0`) asks for the long runs.
-pub fn soak() -> bool {
-    std::env::var("OVERDRIVE_SOAK").is_ok_and(|v| v != "0" && !v.is_empty())
-}
+pub use overdrive_primitives::soak;
 
 /// Where the randomized tests' seeds start: `OVERDRIVE_SOAK_SEED`, else 0 (what CI runs).
 /// A soak started from a new base explores chains no earlier run has, and a failure it finds
