@@ -16,12 +16,13 @@ trap 'echo "a benchmark failed; its log: $OUT/bench.log" >&2' ERR
 field() { grep -oE "\"$1\":[^,}]*" <<<"$2" | head -1 | cut -d: -f2; }
 
 # One `bench exec` run of the issues' block shape (100k accounts, 6,000 txs x 5 blocks):
-# bench_exec WORKLOAD THREADS [TXS] (TXS: transactions per block, default 6,000). Its JSON line goes to $OUT/exec.jsonl and to $JSON; outputs
+# bench_exec WORKLOAD THREADS [TXS] (TXS: transactions per block, default 6,000), with the
+# flags in EXEC_EXTRA (unquoted) added. Its JSON line goes to $OUT/exec.jsonl and to $JSON; outputs
 # that differ from sequential, a block left to the sequential fallback, or a reverted
 # transaction stop the script.
 bench_exec() {
   JSON=$("$BIN" bench exec --workload "$1" --accounts 100000 --txs "${3:-6000}" --blocks 5 \
-    --threads "$2" --json 2>>"$OUT/bench.log" | tail -1)
+    --threads "$2" ${EXEC_EXTRA:-} --json 2>>"$OUT/bench.log" | tail -1)
   echo "$JSON" >>"$OUT/exec.jsonl"
   if [[ "$(field equal "$JSON")" != "true" ]]; then
     echo "outputs differ: $1, $2 threads: $JSON" >&2

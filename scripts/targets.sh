@@ -13,8 +13,10 @@
 #   scripts/targets.sh [BIN]            # BIN: a release `overdrive` (default: built here)
 #
 # Environment: ROUNDS (default 5), THREADS (default 2, the issues' table), OUT (a directory for
-# the raw JSON lines and the benchmarks' logs). Stops at the first run whose outputs or roots
-# differ.
+# the raw JSON lines and the benchmarks' logs), SPLIT=1 (the multi-thread exec runs also measure
+# `--split-reference`, an ideal partitioned executor on the same blocks, and the table gets a
+# row for it per workload; the speedups are measured as without it). Stops at the first run
+# whose outputs or roots differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-common.sh "$@"
@@ -35,10 +37,15 @@ summary() {
     }'
 }
 
+SPLIT="${SPLIT:-0}"
+
 exec_run() { # workload threads
+  EXEC_EXTRA=""
+  if [[ "$SPLIT" == 1 ]] && (( $2 > 1 )); then EXEC_EXTRA="--split-reference"; fi
   bench_exec "$1" "$2"
   field speedup "$JSON" >>"$OUT/exec-$1-t$2"
   field cpu_ratio "$JSON" >>"$OUT/exec-$1-t$2-cpu"
+  if [[ -n "$EXEC_EXTRA" ]]; then field split_speedup "$JSON" >>"$OUT/exec-$1-t$2-split"; fi
 }
 
 trie_run() { # accounts blocks
@@ -76,6 +83,11 @@ echo "| hybrid ≥ 1.4 | speedup | $(summary "$OUT/exec-hybrid-t$THREADS" 1.4) |
 echo "| chained ≥ 0.95 | speedup | $(summary "$OUT/exec-chained-t$THREADS" 0.95) |"
 echo "| chained cpu ≤ 1.15 | cpu_ratio | $(summary "$OUT/exec-chained-t$THREADS-cpu" 1.15 le) |"
 echo "| erc20 \`--threads 1\` ≥ 0.9 | speedup | $(summary "$OUT/exec-erc20-t1" 0.9) |"
+if [[ "$SPLIT" == 1 ]]; then
+  for wg in erc20:1.8 uniswap:1.8 transfer:1.6 hybrid:1.4 chained:0.95; do
+    echo "| ${wg%%:*}: split reference vs ≥ ${wg#*:} | split_speedup | $(summary "$OUT/exec-${wg%%:*}-t$THREADS-split" "${wg#*:}") |"
+  done
+fi
 for n in 100000 1000000; do
   echo "| trie $n: (d) ≥ 1.8x (c) | (c)/(d) | $(summary "$OUT/trie-$n-cd" 1.8) |"
   echo "| trie $n: (c) ≥ 2x (b) | (b)/(c) | $(summary "$OUT/trie-$n-bc" 2) |"

@@ -1,3 +1,4 @@
+use super::split::{SplitReference, SplitTiming};
 use clap::{Args, Subcommand};
 use eyre::WrapErr;
 use overdrive_executor::{
@@ -122,6 +123,12 @@ pub struct ExecArgs {
     /// is lower take the parallel executor's sequential path.
     #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_GAS_FOR_PARALLEL)]
     min_parallel_gas: u64,
+    /// Also measure an ideal partitioned executor on every block: the block cut into
+    /// `--threads` parts that share no sender, each run sequentially on its own state, one
+    /// after another and then at once (see `split.rs`). Two more runs per repeat, alternating
+    /// with the measured pair; the speedup is measured as without it.
+    #[arg(long)]
+    split_reference: bool,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -147,6 +154,11 @@ struct ExecReport {
     /// Transactions that reverted, over all blocks: the generated workloads expect none, so a
     /// figure over mostly failing transactions is recognised as such.
     reverted: usize,
+    /// With `--split-reference`: the same blocks cut into `threads` parts that share no
+    /// sender, run one after another over run at once (an ideal partitioned executor's
+    /// speedup, without its merge).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    split_speedup: Option<f64>,
 }
 
 pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
@@ -220,6 +232,8 @@ struct Pair {
     equal: bool,
     /// Whether the parallel executor took its parallel path (not its small-block fallback).
     parallel_path: bool,
+    /// The median split-reference measurement (by concurrent wall), when one was asked for.
+    split: Option<SplitTiming>,
 }
 
 /// The median (by wall time) of `timings`.
@@ -237,14 +251,18 @@ fn median(mut timings: Vec<Timing>) -> Timing {
 /// The first sequential run sets the header's gas used before the parallel executor sees the
 /// block: the generated headers leave it at zero, a block a node validates carries it, and the
 /// parallel executor's small-block fallback reads it.
+///
+/// With a `split` reference, each repeat measures it after the pair, so that it sees the
+/// machine as the pair beside it did.
 fn timed_pair(
     parallel: &ParallelExecutor,
     spec: &ChainSpec,
     block: &mut RecoveredBlock,
     state: &MemState,
     repeat: usize,
+    split: Option<&SplitReference>,
 ) -> eyre::Result<Pair> {
-    let (mut seq, mut par) = (Vec::new(), Vec::new());
+    let (mut seq, mut par, mut splits) = (Vec::new(), Vec::new(), Vec::new());
     let (mut output, mut equal, mut parallel_path) = (None, true, true);
     // Each run starts from what the executor knew before the block: a repeat must not
     // schedule by what an earlier run of this very block taught it.
@@ -270,13 +288,19 @@ fn timed_pair(
         equal &= par_out == seq_out;
         parallel_path &= stats.is_some();
         output = Some(seq_out);
+        drop(par_out);
+        if let Some(split) = split {
+            splits.push(split.measure(spec, state)?);
+        }
     }
+    splits.sort_by_key(|s| s.concurrent);
     Ok(Pair {
         output: output.ok_or_else(|| eyre::eyre!("no run"))?,
         seq: median(seq),
         par: median(par),
         equal,
         parallel_path,
+        split: splits.get(splits.len() / 2).copied(),
     })
 }
 
@@ -358,12 +382,32 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         );
     }
     let mut round_trips = overdrive_tasks::RoundTrips::default();
+    let mut split_sum: Option<SplitTiming> = None;
+    let mut split = if args.split_reference {
+        SplitReference::new(args.threads)?
+    } else {
+        None
+    };
     for block in &mut workload.blocks {
         // What a hand-off between the two cores costs right now (untimed; see
         // `core_round_trip`).
         let round_trip = round_trips.measure();
         // Same block, same pre-state, the two executors alternating in this process.
-        let pair = timed_pair(&parallel, spec, block, &state, args.repeat)?;
+        if let Some(split) = split.as_mut() {
+            split.cut(block, &state);
+        }
+        let pair = timed_pair(&parallel, spec, block, &state, args.repeat, split.as_ref())?;
+        if let Some(c) = pair.split {
+            let sum = split_sum.get_or_insert_with(SplitTiming::default);
+            sum.serial += c.serial;
+            sum.concurrent += c.concurrent;
+            tracing::info!(
+                block = block.number(),
+                serial_ms = c.serial.as_secs_f64() * 1e3,
+                concurrent_ms = c.concurrent.as_secs_f64() * 1e3,
+                "split reference"
+            );
+        }
         let (out, t, p, block_equal) = (pair.output, pair.seq, pair.par, pair.equal);
         if pair.parallel_path {
             parallel_blocks += 1;
@@ -443,6 +487,14 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     if let Some(summary) = round_trips.summary() {
         println!("{summary}");
     }
+    let split_speedup = split_sum.map(|c| c.serial.as_secs_f64() / c.concurrent.as_secs_f64());
+    if let Some(split) = split_speedup {
+        println!(
+            "split reference {split:.2}x (the blocks cut into {} parts that share no sender, \
+             each sequential on its own state: one after another over at once)",
+            args.threads,
+        );
+    }
     let report = ExecReport {
         bench: "exec",
         workload: args.workload.to_string(),
@@ -457,6 +509,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         equal: Some(equal),
         parallel_blocks,
         reverted,
+        split_speedup,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

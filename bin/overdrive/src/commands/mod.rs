@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod ef_tests;
 pub mod init;
+mod split;
 
 /// Parses a count flag that must be at least 1 (threads, blocks, transactions): zero would
 /// run nothing and report an empty measurement, so it is refused at the command line.
