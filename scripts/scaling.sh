@@ -9,7 +9,8 @@
 # Environment: THREADS (default "1 2 4 8 16"), WORKLOADS (default: every workload kind),
 # TRIE_ACCOUNTS (default "100000 1000000"), COMPUTE_TXS (calls per compute block, default 200:
 # each is 0.2–0.9 Mgas, so 6,000 would make 3-gigagas blocks), OUT (a directory for the raw
-# JSON lines).
+# JSON lines), SPLIT=1 (multi-thread runs also measure `--split-reference`, an ideal
+# partitioned executor on the same blocks, shown in brackets after the cpu ratio).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-common.sh "$@"
@@ -17,6 +18,7 @@ THREADS="${THREADS:-1 2 4 8 16}"
 WORKLOADS="${WORKLOADS:-erc20 uniswap transfer hybrid chained allowance router compute exchange}"
 COMPUTE_TXS="${COMPUTE_TXS:-200}"
 TRIE_ACCOUNTS="${TRIE_ACCOUNTS:-100000 1000000}"
+SPLIT="${SPLIT:-0}"
 # A number with two decimals, and a quotient (awk: bc is not on every machine).
 fmt() { awk -v x="$1" 'BEGIN { printf "%.2f", x }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
@@ -28,7 +30,9 @@ header() {
   echo "$rule"
 }
 
-echo "## bench exec: speedup (cpu ratio), 100k accounts, 6,000 txs x 5 blocks ($(nproc) cores)"
+split_note=""
+if [[ "$SPLIT" == 1 ]]; then split_note=" [split reference]"; fi
+echo "## bench exec: speedup (cpu ratio)$split_note, 100k accounts, 6,000 txs x 5 blocks ($(nproc) cores)"
 echo
 echo "(compute: $COMPUTE_TXS calls per block)"
 echo
@@ -36,8 +40,12 @@ header "workload \\ threads"
 for w in $WORKLOADS; do
   row="| $w |"
   for t in $THREADS; do
+    EXEC_EXTRA=""
+    if [[ "$SPLIT" == 1 ]] && (( t > 1 )); then EXEC_EXTRA="--split-reference"; fi
     if [[ "$w" == compute ]]; then bench_exec "$w" "$t" "$COMPUTE_TXS"; else bench_exec "$w" "$t"; fi
-    row+=" $(fmt "$(field speedup "$JSON")") ($(fmt "$(field cpu_ratio "$JSON")")) |"
+    cell="$(fmt "$(field speedup "$JSON")") ($(fmt "$(field cpu_ratio "$JSON")"))"
+    if [[ -n "$EXEC_EXTRA" ]]; then cell+=" [$(fmt "$(field split_speedup "$JSON")")]"; fi
+    row+=" $cell |"
   done
   echo "$row"
 done

@@ -192,7 +192,7 @@ mod tests {
     }
 
     #[test]
-    fn parts_cover_the_block_in_order_and_share_no_sender() {
+    fn parts_cover_the_block_in_order_and_share_no_sender_or_plain_recipient() {
         for kind in [
             WorkloadKind::Transfer,
             WorkloadKind::Erc20,
@@ -218,8 +218,17 @@ mod tests {
                     })
                     .collect();
                 assert!(positions.windows(2).all(|w| w[0] < w[1]), "{kind}");
+                // Every sender and code-less recipient belongs to this part only.
                 for tx in &part.transactions {
-                    assert_eq!(*owner.entry(tx.signer()).or_insert(i), i, "{kind}");
+                    let plain_to = tx.to().filter(|to| {
+                        w.genesis
+                            .accounts
+                            .get(to)
+                            .is_none_or(|a| a.info.code_hash == KECCAK256_EMPTY)
+                    });
+                    for address in std::iter::once(tx.signer()).chain(plain_to) {
+                        assert_eq!(*owner.entry(address).or_insert(i), i, "{kind}");
+                    }
                 }
             }
         }
