@@ -99,6 +99,15 @@ impl SplitReference {
     }
 }
 
+/// Whether `address` has no code in `state` (an account that does not exist has none): a
+/// transaction to it is a plain transfer, which ties its recipient to its sender.
+fn code_less(state: &MemState, address: &Address) -> bool {
+    state
+        .accounts
+        .get(address)
+        .is_none_or(|a| a.info.code_hash == KECCAK256_EMPTY)
+}
+
 /// `block`'s transactions in `n` parts of about equal gas (gas limits), each in block order,
 /// such that every sender, and every code-less recipient of a transaction, belongs to one part
 /// only: each part executes on its own state with the nonces and balances it would have had in
@@ -125,16 +134,10 @@ pub(super) fn independent_parts(
         }
         x
     }
-    let plain = |to: &Address| {
-        state
-            .accounts
-            .get(to)
-            .is_none_or(|a| a.info.code_hash == KECCAK256_EMPTY)
-    };
     let mut sender_node = Vec::with_capacity(txs.len());
     for tx in txs {
         let sender = id(tx.signer(), &mut parent);
-        if let Some(to) = tx.to().filter(plain) {
+        if let Some(to) = tx.to().filter(|to| code_less(state, to)) {
             let to = id(to, &mut parent);
             let (a, b) = (root(&mut parent, sender), root(&mut parent, to));
             parent[a] = b;
@@ -220,12 +223,7 @@ mod tests {
                 assert!(positions.windows(2).all(|w| w[0] < w[1]), "{kind}");
                 // Every sender and code-less recipient belongs to this part only.
                 for tx in &part.transactions {
-                    let plain_to = tx.to().filter(|to| {
-                        w.genesis
-                            .accounts
-                            .get(to)
-                            .is_none_or(|a| a.info.code_hash == KECCAK256_EMPTY)
-                    });
+                    let plain_to = tx.to().filter(|to| code_less(&w.genesis, to));
                     for address in std::iter::once(tx.signer()).chain(plain_to) {
                         assert_eq!(*owner.entry(address).or_insert(i), i, "{kind}");
                     }
