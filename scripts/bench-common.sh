@@ -40,10 +40,11 @@ bench_exec() {
   fi
 }
 
-# One `bench trie` run: bench_trie ACCOUNTS BLOCKS THREADS. Its JSON line goes to
-# $OUT/trie.jsonl and to $JSON; roots that differ stop the script.
+# One `bench trie` run: bench_trie ACCOUNTS BLOCKS THREADS, with the flags in TRIE_EXTRA
+# (unquoted) added. Its JSON line goes to $OUT/trie.jsonl and to $JSON; roots that differ stop
+# the script.
 bench_trie() {
-  JSON=$("$BIN" bench trie --accounts "$1" --blocks "$2" --threads "$3" --json \
+  JSON=$("$BIN" bench trie --accounts "$1" --blocks "$2" --threads "$3" ${TRIE_EXTRA:-} --json \
     2>>"$OUT/bench.log" | tail -1)
   echo "$JSON" >>"$OUT/trie.jsonl"
   if [[ "$(field roots_equal "$JSON")" != "true" ]]; then

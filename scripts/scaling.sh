@@ -10,7 +10,8 @@
 # TRIE_ACCOUNTS (default "100000 1000000"), COMPUTE_TXS (calls per compute block, default 200:
 # each is 0.2–0.9 Mgas, so 6,000 would make 3-gigagas blocks), OUT (a directory for the raw
 # JSON lines), SPLIT=1 (multi-thread runs also measure `--split-reference`, an ideal
-# partitioned executor on the same blocks, shown in brackets after the cpu ratio).
+# partitioned executor on the same blocks, shown in brackets after the cpu ratio, and
+# `--co-run-reference`, as many one-thread tries side by side, in brackets after (c)/(d)).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-common.sh "$@"
@@ -51,15 +52,21 @@ for w in $WORKLOADS; do
 done
 
 echo
-echo "## bench trie: (d) ms per block, and (c)/(d) ($(nproc) cores)"
+corun_note=""
+if [[ "$SPLIT" == 1 ]]; then corun_note=" [co-run reference]"; fi
+echo "## bench trie: (d) ms per block, and (c)/(d)$corun_note ($(nproc) cores)"
 echo
 header "accounts \\ threads"
 for n in $TRIE_ACCOUNTS; do
   row="| $n |"
   for t in $THREADS; do
+    TRIE_EXTRA=""
+    if [[ "$SPLIT" == 1 ]] && (( t > 1 )); then TRIE_EXTRA="--co-run-reference"; fi
     bench_trie "$n" 10 "$t"
     par=$(field overdrive_ms "$JSON")
-    row+=" $(fmt "$par") ($(ratio "$(field overdrive_1t_ms "$JSON")" "$par")x) |"
+    cell="$(fmt "$par") ($(ratio "$(field overdrive_1t_ms "$JSON")" "$par")x)"
+    if [[ -n "$TRIE_EXTRA" ]]; then cell+=" [$(fmt "$(field co_run_speedup "$JSON")")x]"; fi
+    row+=" $cell |"
   done
   echo "$row"
 done

@@ -14,9 +14,10 @@
 #
 # Environment: ROUNDS (default 5), THREADS (default 2, the issues' table), OUT (a directory for
 # the raw JSON lines and the benchmarks' logs), SPLIT=1 (the multi-thread exec runs also measure
-# `--split-reference`, an ideal partitioned executor on the same blocks, and the table gets a
-# row for it per workload; the speedups are measured as without it). Stops at the first run
-# whose outputs or roots differ.
+# `--split-reference`, an ideal partitioned executor on the same blocks, and the trie runs
+# `--co-run-reference`, one-thread tries side by side; the table gets rows for them; the
+# targets' figures are measured as without them). Stops at the first run whose outputs or roots
+# differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-common.sh "$@"
@@ -49,6 +50,8 @@ exec_run() { # workload threads
 }
 
 trie_run() { # accounts blocks
+  TRIE_EXTRA=""
+  if [[ "$SPLIT" == 1 ]] && (( THREADS > 1 )); then TRIE_EXTRA="--co-run-reference"; fi
   bench_trie "$1" "$2" "$THREADS"
   local b c d k dirty
   b=$(field reth_style_ms "$JSON")
@@ -60,6 +63,12 @@ trie_run() { # accounts blocks
   awk -v b="$b" -v c="$c" 'BEGIN { print b / c }' >>"$OUT/trie-$1-bc"
   echo "$d" >>"$OUT/trie-$1-d"
   awk -v k="$k" -v n="$dirty" 'BEGIN { print k / n }' >>"$OUT/trie-$1-keccak"
+  if [[ -n "$TRIE_EXTRA" ]]; then
+    local co
+    co=$(field co_run_speedup "$JSON")
+    echo "$co" >>"$OUT/trie-$1-corun"
+    awk -v c="$c" -v d="$d" -v co="$co" 'BEGIN { print c / d / co }' >>"$OUT/trie-$1-corun-share"
+  fi
 }
 
 WORKLOADS="erc20 uniswap transfer hybrid chained"
@@ -92,6 +101,10 @@ for n in 100000 1000000; do
   echo "| trie $n: (d) ≥ 1.8x (c) | (c)/(d) | $(summary "$OUT/trie-$n-cd" 1.8) |"
   echo "| trie $n: (c) ≥ 2x (b) | (b)/(c) | $(summary "$OUT/trie-$n-bc" 2) |"
   echo "| trie $n: keccak ≤ dirty | calls/nodes | $(summary "$OUT/trie-$n-keccak" 1 le) |"
+  if [[ "$SPLIT" == 1 ]] && (( THREADS > 1 )); then
+    echo "| trie $n: co-run reference vs ≥ 1.8 | co_run_speedup | $(summary "$OUT/trie-$n-corun" 1.8) |"
+    echo "| trie $n: (c)/(d) over co-run (≥ 1: the split loses nothing) | share | $(summary "$OUT/trie-$n-corun-share" 1) |"
+  fi
 done
 echo "| trie 100000: (d) ≤ 21 ms | ms | $(summary "$OUT/trie-100000-d" 21 le) |"
 echo "| trie 1000000: (d) ≤ 46 ms | ms | $(summary "$OUT/trie-1000000-d" 46 le) |"

@@ -34,6 +34,10 @@ pub enum Pinning {
     /// there are more workers than such cores, since two workers sharing a core would then
     /// wait on each other.
     Cores,
+    /// Worker `i` runs only on the `(first + i)`-th core the calling thread may run on (left
+    /// off as for [`Pinning::Cores`]): pools that should not share cores, such as the
+    /// one-thread tries a benchmark runs side by side.
+    From(usize),
 }
 
 /// Starts a pool of `threads` workers (at least one) named `{name}-{i}`.
@@ -48,7 +52,8 @@ pub fn worker_pool(
     let threads = threads.max(1);
     let cores = match pinning {
         Pinning::Off => None,
-        Pinning::Cores => pin_cores(threads),
+        Pinning::Cores => pin_cores(0, threads),
+        Pinning::From(first) => pin_cores(first, threads),
     };
     let name = name.to_string();
     ThreadPoolBuilder::new()
@@ -64,11 +69,11 @@ pub fn worker_pool(
         .build()
 }
 
-/// The cores `threads` pinned workers take, in order, or `None` when they cannot each have
-/// their own.
-fn pin_cores(threads: usize) -> Option<Vec<core_affinity::CoreId>> {
+/// The cores `threads` pinned workers take, in order from the `first`-th allowed core, or
+/// `None` when they cannot each have their own.
+fn pin_cores(first: usize, threads: usize) -> Option<Vec<core_affinity::CoreId>> {
     let cores = core_affinity::get_core_ids()?;
-    (threads <= cores.len()).then(|| cores.into_iter().take(threads).collect())
+    (first + threads <= cores.len()).then(|| cores.into_iter().skip(first).take(threads).collect())
 }
 
 /// Gives up a [`core_round_trip`] measurement that takes longer than this (a thread
@@ -338,12 +343,13 @@ mod tests {
             return; // No affinity support here: nothing to check.
         };
         let threads = allowed.len().min(2);
-        let cores = pin_cores(threads).expect("as many workers as cores");
+        let cores = pin_cores(0, threads).expect("as many workers as cores");
         let mut ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
         ids.dedup();
         assert_eq!(ids.len(), threads);
         assert!(ids.iter().all(|id| allowed.iter().any(|a| a.id == *id)));
-        assert!(pin_cores(allowed.len() + 1).is_none());
+        assert!(pin_cores(0, allowed.len() + 1).is_none());
+        assert!(pin_cores(allowed.len(), 1).is_none());
         // Each worker of a pinned pool may run on its own core only.
         let pool = worker_pool("pinned", threads, Pinning::Cores).unwrap();
         let masks = pool.broadcast(|_| core_affinity::get_core_ids().unwrap_or_default());
@@ -351,8 +357,16 @@ mod tests {
             let mask: Vec<usize> = mask.iter().map(|c| c.id).collect();
             assert_eq!(mask, vec![ids[i]], "worker {i}");
         }
+        // A pool that starts at the last allowed core runs there.
+        let last = allowed.len() - 1;
+        let pool = worker_pool("last", 1, Pinning::From(last)).unwrap();
+        let mask = pool.install(|| core_affinity::get_core_ids().unwrap_or_default());
+        let mask: Vec<usize> = mask.iter().map(|c| c.id).collect();
+        assert_eq!(mask, vec![allowed[last].id]);
         // A pool that cannot pin still starts.
         let pool = worker_pool("oversubscribed", allowed.len() + 1, Pinning::Cores).unwrap();
         assert_eq!(pool.current_num_threads(), allowed.len() + 1);
+        let pool = worker_pool("past the end", 1, Pinning::From(allowed.len())).unwrap();
+        assert_eq!(pool.current_num_threads(), 1);
     }
 }

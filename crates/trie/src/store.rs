@@ -579,6 +579,15 @@ fn slot(path: &Nibbles) -> Slot {
 }
 
 impl MemTrie {
+    /// A deep copy (see [`MemNodeStore::detached`]).
+    fn detached(&self) -> Self {
+        Self {
+            root: self.root.clone(),
+            top: self.top.clone(),
+            shards: self.shards.each_ref().map(|s| Arc::new(GroupMap::clone(s))),
+        }
+    }
+
     fn group(&self, parent: &Nibbles) -> Option<&Group> {
         match parent.first() {
             None => Some(&self.top),
@@ -701,6 +710,20 @@ impl MemNodeStore {
                 .get(&owner)
                 .map(|t| t.nodes())
                 .unwrap_or_default(),
+        }
+    }
+
+    /// A copy that shares no memory with this store, unlike a clone, which shares every shard
+    /// it has not written to: two tries that must not warm each other's caches, such as the
+    /// benchmark's side-by-side reference, each read their own.
+    pub fn detached(&self) -> Self {
+        Self {
+            accounts: self.accounts.detached(),
+            storages: self
+                .storages
+                .iter()
+                .map(|(owner, trie)| (*owner, Arc::new(trie.detached())))
+                .collect(),
         }
     }
 
@@ -846,6 +869,22 @@ mod tests {
         a.apply(&updates).unwrap();
 
         let b = a.clone();
+        let detached = a.detached();
+        assert!(
+            detached
+                .accounts
+                .shards
+                .iter()
+                .zip(&a.accounts.shards)
+                .all(|(d, s)| !Arc::ptr_eq(d, s))
+        );
+        assert!(!Arc::ptr_eq(
+            &detached.storages[&owner],
+            &a.storages[&owner]
+        ));
+        for trie in [TrieId::Account, TrieId::Storage(owner)] {
+            assert_eq!(detached.nodes(trie), a.nodes(trie));
+        }
         let mut change = TrieUpdates::default();
         change
             .account_nodes
@@ -876,6 +915,7 @@ mod tests {
         );
         assert_eq!(a.len(), 1);
         assert_eq!(b.len(), 3);
+        assert_eq!(detached.len(), 3);
         assert!(a.storage_owners().is_empty());
     }
 

@@ -66,6 +66,12 @@ pub struct TrieArgs {
     /// there are enough cores).
     #[arg(long)]
     no_pin: bool,
+    /// After the measured blocks, also measure `threads` one-thread tries side by side, each
+    /// on its own core and its own copy of the state, against the same one after another: what
+    /// the cores give for this work here, the yardstick of (d). Adds `co_run_speedup` to the
+    /// JSON.
+    #[arg(long)]
+    co_run_reference: bool,
     #[command(flatten)]
     heap: HeapArgs,
     /// Print a JSON object as the last line.
@@ -178,6 +184,7 @@ fn trie(args: TrieArgs) -> eyre::Result<()> {
         seed: args.seed,
         pin_workers: !args.no_pin,
         prefault_heap_mib: args.heap.prefault_heap,
+        co_run_reference: args.co_run_reference,
     };
     let report = overdrive_trie::bench::run(&config)?;
     println!("{report}");

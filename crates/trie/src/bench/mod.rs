@@ -18,7 +18,12 @@
 //! - (d) `overdrive`: the same with `threads` threads.
 //!
 //! All four must agree on every block's root.
+//!
+//! With [`TrieBenchConfig::co_run_reference`], each block also measures a yardstick for (d)
+//! (the `co_run` module): `threads` one-thread tries, each on its own core and its own copy of
+//! the state, apply other blocks one after another and then all at once.
 
+mod co_run;
 mod reth_style;
 
 use crate::{
@@ -30,6 +35,7 @@ use crate::{
 use alloy_primitives::{Address, B256, U256, keccak256, map::B256Map};
 use alloy_rlp::Encodable;
 use alloy_trie::{EMPTY_ROOT_HASH, HashBuilder, KECCAK_EMPTY, Nibbles, TrieAccount};
+use co_run::CoRun;
 use overdrive_tasks::RoundTrips;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use reth_style::StoredBranches;
@@ -54,6 +60,8 @@ pub struct TrieBenchConfig {
     /// MiB of heap to touch and free after the set-up, before the first block
     /// ([`overdrive_primitives::prefault_heap`]); 0 measures on the heap the set-up left.
     pub prefault_heap_mib: usize,
+    /// After each block, measure a round of the co-run reference (the `co_run` module).
+    pub co_run_reference: bool,
 }
 
 impl Default for TrieBenchConfig {
@@ -66,6 +74,7 @@ impl Default for TrieBenchConfig {
             seed: 1,
             pin_workers: true,
             prefault_heap_mib: 0,
+            co_run_reference: false,
         }
     }
 }
@@ -94,6 +103,10 @@ pub struct TrieBenchReport {
     pub dirty_nodes: u64,
     /// Whether all four roots agreed on every block.
     pub roots_equal: bool,
+    /// With the co-run reference: what `threads` one-thread tries side by side gain over the
+    /// same run one after another, summed over the blocks (the `co_run` module).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub co_run_speedup: Option<f64>,
     /// Measured blocks.
     #[serde(skip)]
     pub blocks: usize,
@@ -161,6 +174,14 @@ impl fmt::Display for TrieBenchReport {
         )?;
         if let Some(summary) = self.core_round_trips.summary() {
             writeln!(f, "  {summary}")?;
+        }
+        if let Some(co_run) = self.co_run_speedup {
+            writeln!(
+                f,
+                "  co-run reference: {} one-thread tries side by side, {co_run:.2}x their time one after another; (c)/(d) is {:.2} of it",
+                self.threads,
+                ratio(self.overdrive_1t_ms, self.overdrive_ms) / co_run
+            )?;
         }
         write!(f, "  roots equal: {}", self.roots_equal)
     }
@@ -421,6 +442,11 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     // Without it, the two-thread trie's first blocks pay for the heap's growth: on a
     // 1M-account run it took 500–4,500 page faults a block (the one-thread trie none), each
     // 1–12 µs of one of its two threads (BENCHMARKS.md, the trie's twelfth round).
+    let mut co_run = if cfg.co_run_reference {
+        Some(CoRun::new(&serial, cfg)?)
+    } else {
+        None
+    };
     overdrive_primitives::prefault_heap(cfg.prefault_heap_mib);
     let setup_s = setup.elapsed().as_secs_f64();
     tracing::info!(elapsed = ?setup.elapsed(), "reference tries built, measuring");
@@ -488,6 +514,10 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         let par_time = ms(start);
 
         roots_equal &= full_root == reth_root && reth_root == one.root && one.root == output.root;
+        // After (d), so that (a) to (d) run in the same order with or without it.
+        if let Some(co_run) = co_run.as_mut() {
+            co_run.round(&mut world, cfg.transfers, block > 0)?;
+        }
         tracing::info!(
             block,
             of = cfg.blocks,
@@ -524,6 +554,7 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         keccak_calls: median_u64(&mut keccak_calls),
         dirty_nodes: median_u64(&mut dirty_nodes),
         roots_equal,
+        co_run_speedup: co_run.map(|c| c.speedup()),
         blocks: cfg.blocks,
         changed_accounts: median_u64(&mut changed_accounts) as usize,
         changed_slots: median_u64(&mut changed_slots) as usize,
@@ -547,6 +578,7 @@ mod tests {
             seed: 3,
             pin_workers: true,
             prefault_heap_mib: 4,
+            co_run_reference: false,
         };
         let report = run(&cfg).unwrap();
         assert!(report.roots_equal);
@@ -587,6 +619,31 @@ mod tests {
         assert_eq!(
             report.to_string().contains("core-to-core round trip"),
             !trips.is_empty()
+        );
+    }
+
+    #[test]
+    fn co_run_reference_adds_its_field() {
+        let cfg = TrieBenchConfig {
+            accounts: 2_000,
+            blocks: 2,
+            threads: 2,
+            transfers: 200,
+            seed: 4,
+            pin_workers: true,
+            prefault_heap_mib: 0,
+            co_run_reference: true,
+        };
+        let report = run(&cfg).unwrap();
+        assert!(report.roots_equal);
+        let speedup = report.co_run_speedup.expect("asked for");
+        assert!(speedup.is_finite() && speedup > 0.0, "{speedup}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["co_run_speedup"].as_f64(), Some(speedup));
+        assert!(
+            report
+                .to_string()
+                .contains("co-run reference: 2 one-thread tries")
         );
     }
 
