@@ -60,7 +60,7 @@ fn capped(mib: usize, available: Option<usize>) -> usize {
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in MiB (`None` where there is no such file).
-fn available_mib() -> Option<usize> {
+pub fn available_mib() -> Option<usize> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -609,6 +609,20 @@ impl MemTrie {
         self.root.is_none() && self.top.is_empty() && self.shards.iter().all(|s| s.is_empty())
     }
 
+    /// About how many bytes the trie's maps hold: every allocated map slot (key, group and
+    /// control byte) and every spilled group's children.
+    fn heap_bytes(&self) -> usize {
+        let slot = std::mem::size_of::<(Nibbles, Group)>() + 1;
+        self.shards
+            .iter()
+            .map(|shard| {
+                shard.capacity() * slot
+                    + shard.values().filter(|g| g.spill.is_some()).count()
+                        * std::mem::size_of::<Spill>()
+            })
+            .sum()
+    }
+
     fn len(&self) -> usize {
         usize::from(self.root.is_some())
             + self.top.len()
@@ -725,6 +739,18 @@ impl MemNodeStore {
                 .map(|(owner, trie)| (*owner, Arc::new(trie.detached())))
                 .collect(),
         }
+    }
+
+    /// About how many bytes of memory the nodes take (what a [`MemNodeStore::detached`] copy
+    /// allocates): the maps' slots and the spilled groups, not the rare values too long to
+    /// keep inline.
+    pub fn heap_bytes(&self) -> usize {
+        self.accounts.heap_bytes()
+            + self
+                .storages
+                .values()
+                .map(|t| t.heap_bytes())
+                .sum::<usize>()
     }
 
     /// Hashed addresses of the accounts that have a storage trie, sorted.
@@ -916,6 +942,8 @@ mod tests {
         assert_eq!(a.len(), 1);
         assert_eq!(b.len(), 3);
         assert_eq!(detached.len(), 3);
+        assert!(detached.heap_bytes() > 0);
+        assert_eq!(MemNodeStore::new().heap_bytes(), 0);
         assert!(a.storage_owners().is_empty());
     }
 

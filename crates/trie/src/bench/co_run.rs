@@ -39,6 +39,15 @@ pub(super) struct CoRun {
 impl CoRun {
     /// `cfg.threads` copies of `source`'s state, each trie on its own core.
     pub(super) fn new(source: &StateTrie, cfg: &TrieBenchConfig) -> Result<Self, TrieError> {
+        let bytes_each = source.store().heap_bytes();
+        let available_mib = overdrive_primitives::available_mib();
+        fits(cfg.threads, bytes_each, available_mib)?;
+        tracing::info!(
+            copies = cfg.threads,
+            mib_each = bytes_each >> 20,
+            available_mib,
+            "co-run reference: copying the state"
+        );
         let config = TrieConfig {
             threads: 1,
             pin_workers: cfg.pin_workers,
@@ -55,6 +64,10 @@ impl CoRun {
                 StateTrie::with_pool(source.store().detached(), config, Arc::new(pool))
             })
             .collect::<Result<Vec<_>, TrieError>>()?;
+        tracing::info!(
+            available_mib = overdrive_primitives::available_mib(),
+            "co-run reference: state copied"
+        );
         Ok(Self {
             tries,
             rng: SmallRng::seed_from_u64(cfg.seed ^ SEED_MIX),
@@ -107,6 +120,24 @@ impl CoRun {
     }
 }
 
+/// Whether `copies` copies of `bytes_each` bytes fit in `available_mib` MiB (unknown: assumed
+/// to fit) with a tenth to spare: a run that cannot hold them gets an error before it starts
+/// copying, not the out-of-memory killer halfway through. An eighth is added for the
+/// allocator's rounding: at 1M accounts a copy estimated at 882 MiB took 955.
+fn fits(copies: usize, bytes_each: usize, available_mib: Option<usize>) -> Result<(), TrieError> {
+    let Some(available_mib) = available_mib else {
+        return Ok(());
+    };
+    let needed_mib = (copies.saturating_mul(bytes_each) >> 20).saturating_mul(9) / 8;
+    if needed_mib > available_mib / 10 * 9 {
+        return Err(TrieError::InvalidConfig(format!(
+            "the co-run reference needs about {needed_mib} MiB for {copies} copies of the state \
+             and {available_mib} MiB are available: use fewer --threads or --accounts"
+        )));
+    }
+    Ok(())
+}
+
 /// Each trie applies `block`, one after another.
 fn one_by_one(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration, TrieError> {
     let start = Instant::now();
@@ -143,6 +174,17 @@ fn at_once(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration,
 mod tests {
     use super::*;
     use crate::TrieId;
+
+    #[test]
+    fn copies_that_do_not_fit_are_an_error() {
+        assert!(fits(16, 2 << 30, Some(24 << 10)).is_err());
+        assert!(fits(2, 2 << 30, Some(24 << 10)).is_ok());
+        assert!(fits(usize::MAX, usize::MAX, Some(1)).is_err());
+        assert!(
+            fits(16, 2 << 30, None).is_ok(),
+            "unknown memory: assumed to fit"
+        );
+    }
 
     #[test]
     fn copies_apply_the_same_blocks_apart_from_their_source() {
