@@ -66,10 +66,9 @@ pub struct TrieArgs {
     /// there are enough cores).
     #[arg(long)]
     no_pin: bool,
-    /// After the measured blocks, also measure `threads` one-thread tries side by side, each
-    /// on its own core and its own copy of the state, against the same one after another: what
-    /// the cores give for this work here, the yardstick of (d). Adds `co_run_speedup` to the
-    /// JSON.
+    /// After each block, also measure `threads` one-thread tries side by side, each on its own
+    /// core and its own copy of the state, against the same one after another: what the cores
+    /// give for this work here, the yardstick of (d). Adds `co_run_speedup` to the JSON.
     #[arg(long)]
     co_run_reference: bool,
     #[command(flatten)]
