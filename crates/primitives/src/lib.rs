@@ -18,7 +18,7 @@ mod state;
 
 pub use block::{BlockError, RecoveredBlock};
 pub use chain_spec::{ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address};
-pub use mem::{available_mib, prefault_heap, prefetch};
+pub use mem::{available_mib, prefault_heap, prefetch, resident_mib};
 pub use state::{MemAccount, MemState, bytecode_from_raw};
 
 /// Whether `OVERDRIVE_SOAK` (set, not empty, not `0`) asks the randomized tests of every crate

@@ -255,6 +255,16 @@ fn with_storage_roots(
     merged
 }
 
+/// The root of the account trie `store` holds.
+fn stored_root<S: NodeStore>(store: &S) -> Result<B256, TrieError> {
+    Ok(root_of_node(
+        store
+            .get(TrieId::Account, &Nibbles::new())
+            .map_err(TrieError::store)?
+            .as_deref(),
+    ))
+}
+
 struct StorageResult {
     address: B256,
     wiped: bool,
@@ -286,12 +296,7 @@ impl<S: NodeStore> StateTrie<S> {
                 config.parallel_threshold
             )));
         }
-        let root = root_of_node(
-            store
-                .get(TrieId::Account, &Nibbles::new())
-                .map_err(TrieError::store)?
-                .as_deref(),
-        );
+        let root = stored_root(&store)?;
         Ok(Self {
             store,
             config,
@@ -313,6 +318,14 @@ impl<S: NodeStore> StateTrie<S> {
     /// The node store.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// Moves the trie onto `store` (the root is read from it) and gives back the store it
+    /// had, keeping the pool: two tries with different pools can take turns on one store
+    /// without either keeping a copy of the nodes. On an error the trie keeps its store.
+    pub fn replace_store(&mut self, store: S) -> Result<S, TrieError> {
+        self.root = stored_root(&store)?;
+        Ok(std::mem::replace(&mut self.store, store))
     }
 
     /// Gives the node store back.
@@ -1208,6 +1221,40 @@ mod tests {
         assert_nodes_match_fresh_build(&base, &model);
         assert_nodes_match_fresh_build(&left, &left_model);
         assert_nodes_match_fresh_build(&right, &right_model);
+    }
+
+    #[test]
+    fn tries_take_turns_on_one_store() {
+        let mut model = MemState::default();
+        let block = |model: &mut MemState, round: u8| {
+            let ops: Vec<Op> = (0..30)
+                .map(|i| Op::SetSlot {
+                    addr: i % 4,
+                    slot: i.wrapping_mul(round),
+                    value: u16::from(i) + u16::from(round),
+                })
+                .collect();
+            apply_block(model, &ops)
+        };
+        let mut one = trie(1, 4);
+        let mut two = trie(2, 4);
+        one.apply(&block(&mut model, 1)).unwrap();
+        let first = one.root();
+
+        // `two` takes the store `one` built and finds its root there; `one` is left with the
+        // empty store it was handed.
+        let store = one.replace_store(MemNodeStore::new()).unwrap();
+        assert_eq!(one.root(), EMPTY_ROOT_HASH);
+        two.replace_store(store).unwrap();
+        assert_eq!(two.root(), first);
+        two.apply(&block(&mut model, 2)).unwrap();
+        assert_eq!(two.root(), reference::state_root(&model));
+
+        let store = two.replace_store(MemNodeStore::new()).unwrap();
+        one.replace_store(store).unwrap();
+        one.apply(&block(&mut model, 3)).unwrap();
+        assert_eq!(one.root(), reference::state_root(&model));
+        assert_nodes_match_fresh_build(&one, &model);
     }
 
     /// A few thousand accounts and one large contract over several blocks, on eight threads

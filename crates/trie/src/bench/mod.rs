@@ -24,6 +24,7 @@
 //! the state, apply other blocks one after another and then all at once.
 
 mod co_run;
+mod evict;
 mod reth_style;
 
 use crate::{
@@ -36,6 +37,7 @@ use alloy_primitives::{Address, B256, U256, keccak256, map::B256Map};
 use alloy_rlp::Encodable;
 use alloy_trie::{EMPTY_ROOT_HASH, HashBuilder, KECCAK_EMPTY, Nibbles, TrieAccount};
 use co_run::CoRun;
+use evict::Evictor;
 use overdrive_tasks::RoundTrips;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use reth_style::StoredBranches;
@@ -62,6 +64,14 @@ pub struct TrieBenchConfig {
     pub prefault_heap_mib: usize,
     /// After each block, measure a round of the co-run reference (the `co_run` module).
     pub co_run_reference: bool,
+    /// Keep one copy of the trie's nodes instead of two, which lets 10M accounts run in 24
+    /// GiB: (c) and (d) take turns on one store, each applying the block after its own
+    /// untimed take-back of it (an apply of the block's previous values; see `hand_over`).
+    /// Implies `evict_caches`, so that neither finds what the take-back touched in a cache.
+    pub one_store: bool,
+    /// Before (c) and before (d), write a buffer of twice the last-level cache on every core,
+    /// so that both start with nothing of the trie in any cache (the `evict` module).
+    pub evict_caches: bool,
 }
 
 impl Default for TrieBenchConfig {
@@ -75,6 +85,8 @@ impl Default for TrieBenchConfig {
             pin_workers: true,
             prefault_heap_mib: 0,
             co_run_reference: false,
+            one_store: false,
+            evict_caches: false,
         }
     }
 }
@@ -122,6 +134,13 @@ pub struct TrieBenchReport {
     /// Seconds spent building the initial state for all four.
     #[serde(skip)]
     pub setup_s: f64,
+    /// Whether (c) and (d) took turns on one store ([`TrieBenchConfig::one_store`]).
+    #[serde(skip)]
+    pub one_store: bool,
+    /// Whether every core's caches were evicted before (c) and (d)
+    /// ([`TrieBenchConfig::evict_caches`]).
+    #[serde(skip)]
+    pub evicted_caches: bool,
     /// The core-to-core round trip before each measured block
     /// ([`overdrive_tasks::core_round_trip`]): the state of the machine the (d) figure was
     /// taken in.
@@ -182,6 +201,15 @@ impl fmt::Display for TrieBenchReport {
                 self.threads,
                 ratio(self.overdrive_1t_ms, self.overdrive_ms) / co_run
             )?;
+        }
+        if self.one_store {
+            writeln!(
+                f,
+                "  (c) and (d) took turns on one store, taken back to each block's pre-state between them"
+            )?;
+        }
+        if self.evicted_caches {
+            writeln!(f, "  every core's caches evicted before (c) and (d)")?;
         }
         write!(f, "  roots equal: {}", self.roots_equal)
     }
@@ -258,28 +286,35 @@ impl World {
         }
     }
 
-    /// The whole state as a diff against the empty trie.
-    fn genesis(&self) -> HashedPostState {
-        let mut diff = HashedPostState::default();
-        diff.accounts.reserve(self.nonces.len() + 1);
-        for (i, hashed) in self.hashed_addresses.iter().enumerate() {
-            diff.accounts.insert(*hashed, Some(self.account(i)));
-        }
-        diff.accounts.insert(self.token, Some(self.token_account()));
-        let slots: B256Map<U256> = self
-            .hashed_slots
-            .iter()
-            .copied()
-            .zip(self.token_balances.iter().copied())
-            .collect();
-        diff.storages.insert(
-            self.token,
-            HashedStorage {
-                wiped: false,
-                slots,
-            },
-        );
-        diff
+    /// The whole state as diffs against the empty trie, `chunk` accounts and as many token
+    /// slots each: applied one after another they build the state a piece at a time, so that
+    /// a large state's set-up never holds the whole state as one diff and its node writes
+    /// besides the trie.
+    fn genesis(&self, chunk: usize) -> impl Iterator<Item = HashedPostState> + '_ {
+        let n = self.nonces.len();
+        (0..n).step_by(chunk.max(1)).map(move |start| {
+            let end = (start + chunk.max(1)).min(n);
+            let mut diff = HashedPostState::default();
+            diff.accounts.reserve(end - start + 1);
+            for i in start..end {
+                diff.accounts
+                    .insert(self.hashed_addresses[i], Some(self.account(i)));
+            }
+            if start == 0 {
+                diff.accounts.insert(self.token, Some(self.token_account()));
+            }
+            let slots: B256Map<U256> = (start..end)
+                .map(|i| (self.hashed_slots[i], self.token_balances[i]))
+                .collect();
+            diff.storages.insert(
+                self.token,
+                HashedStorage {
+                    wiped: false,
+                    slots,
+                },
+            );
+            diff
+        })
     }
 
     fn flat(&self, token_root: B256) -> FlatState {
@@ -304,36 +339,46 @@ impl World {
         }
     }
 
-    /// One block of transfers: updates the world and returns the diff plus the changed
-    /// account and slot indices.
-    fn block(
-        &mut self,
-        transfers: usize,
-        rng: &mut SmallRng,
-    ) -> (HashedPostState, Vec<usize>, Vec<usize>) {
+    /// One block of transfers: updates the world and returns the block's diff, the diff that
+    /// takes it back, and the changed account and slot indices.
+    fn block(&mut self, transfers: usize, rng: &mut SmallRng) -> Block {
         let n = self.nonces.len();
-        let mut senders = Vec::with_capacity(transfers);
-        let mut slots = Vec::with_capacity(transfers * 2);
-        for _ in 0..transfers {
-            let from = rng.random_range(0..n);
-            let to = rng.random_range(0..n);
-            let amount = U256::from(rng.random_range(1u64..1_000_000));
+        // Drawn first, then applied: the previous values of what the block changes are read
+        // in between (the draws are in the same order as when each was applied as drawn).
+        let moves: Vec<(usize, usize, U256)> = (0..transfers)
+            .map(|_| {
+                let from = rng.random_range(0..n);
+                let to = rng.random_range(0..n);
+                (from, to, U256::from(rng.random_range(1u64..1_000_000)))
+            })
+            .collect();
+        let mut senders: Vec<usize> = moves.iter().map(|&(from, ..)| from).collect();
+        let mut slots: Vec<usize> = moves.iter().flat_map(|&(from, to, _)| [from, to]).collect();
+        senders.sort_unstable();
+        senders.dedup();
+        slots.sort_unstable();
+        slots.dedup();
+        let undo = self.diff(&senders, &slots);
+        for &(from, to, amount) in &moves {
             self.nonces[from] += 1;
             self.balances[from] = self.balances[from].saturating_sub(U256::from(21_000u64 * 7));
             self.token_balances[from] = self.token_balances[from]
                 .saturating_sub(amount)
                 .max(U256::from(1));
             self.token_balances[to] += amount;
-            senders.push(from);
-            slots.push(from);
-            slots.push(to);
         }
-        senders.sort_unstable();
-        senders.dedup();
-        slots.sort_unstable();
-        slots.dedup();
+        Block {
+            diff: self.diff(&senders, &slots),
+            undo,
+            senders,
+            slots,
+        }
+    }
+
+    /// The current values of the given accounts and token slots, as a diff.
+    fn diff(&self, senders: &[usize], slots: &[usize]) -> HashedPostState {
         let mut diff = HashedPostState::default();
-        for &i in &senders {
+        for &i in senders {
             diff.accounts
                 .insert(self.hashed_addresses[i], Some(self.account(i)));
         }
@@ -348,8 +393,22 @@ impl World {
                 slots: storage,
             },
         );
-        (diff, senders, slots)
+        diff
     }
+}
+
+/// One generated block.
+struct Block {
+    /// What the block changes.
+    diff: HashedPostState,
+    /// The same accounts and slots at their values before the block: applied after `diff`,
+    /// it takes a trie back to the nodes it had (a Merkle-Patricia trie's nodes follow from
+    /// its keys and values alone).
+    undo: HashedPostState,
+    /// Indices of the changed accounts, sorted.
+    senders: Vec<usize>,
+    /// Indices of the changed token slots, sorted.
+    slots: Vec<usize>,
 }
 
 fn full_rebuild(flat: &FlatState, token: B256) -> B256 {
@@ -390,6 +449,45 @@ fn ms(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
 }
 
+/// When `copies` copies of `bytes_each` bytes do not fit in `available_mib` MiB (unknown:
+/// assumed to fit) with a tenth to spare: the MiB they need and the MiB available, so that a
+/// run that cannot hold them gets an error before it starts copying, not the out-of-memory
+/// killer halfway through. An eighth is added for the allocator's rounding: at 1M accounts a
+/// copy estimated at 882 MiB took 955.
+fn shortfall(
+    copies: usize,
+    bytes_each: usize,
+    available_mib: Option<usize>,
+) -> Option<(usize, usize)> {
+    let available_mib = available_mib?;
+    let needed_mib = (copies.saturating_mul(bytes_each) >> 20).saturating_mul(9) / 8;
+    (needed_mib > available_mib / 10 * 9).then_some((needed_mib, available_mib))
+}
+
+/// Accounts per piece of the set-up's state (see [`World::genesis`]).
+const GENESIS_CHUNK: usize = 1_000_000;
+
+/// With [`TrieBenchConfig::one_store`]: hands the shared store, at a block's post-state, from
+/// `from` to `to`, which takes it back to the pre-state with the block's undo (untimed). The
+/// block's paths are then laid out as `to`'s own pool last wrote them, whichever trie is
+/// timed next. (A first version took the store back on (d)'s side only: at 1M accounts its
+/// (c)/(d) came out at 1.97–2.66 where two stores gave 1.61–2.15, in alternating runs.)
+fn hand_over(
+    from: &mut StateTrie,
+    to: &mut StateTrie,
+    block: &Block,
+    pre_root: B256,
+) -> Result<(), TrieError> {
+    to.replace_store(from.replace_store(MemNodeStore::new())?)?;
+    to.apply(&block.undo)?;
+    if to.root() != pre_root {
+        return Err(TrieError::Invariant(
+            "a block's undo did not take the shared store back to the block's pre-state",
+        ));
+    }
+    Ok(())
+}
+
 /// The most accounts the benchmark accepts: 100M accounts already take far more memory than a
 /// 128 GiB machine has; a few digits more would overflow the allocations' sizes.
 pub const MAX_ACCOUNTS: usize = 100_000_000;
@@ -411,10 +509,16 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
             cfg.accounts, cfg.transfers
         )));
     }
+    if cfg.one_store && cfg.co_run_reference {
+        // The reference's blocks change the generated world without touching the measured
+        // tries, so a block's previous values in the world are not the shared store's.
+        return Err(TrieError::InvalidConfig(
+            "one_store and co_run_reference cannot be combined".into(),
+        ));
+    }
     let setup = Instant::now();
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     let mut world = World::new(cfg.accounts, &mut rng);
-    let genesis = world.genesis();
     tracing::info!(accounts = cfg.accounts, elapsed = ?setup.elapsed(), "state generated");
 
     let config = |threads| TrieConfig {
@@ -422,13 +526,38 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         pin_workers: cfg.pin_workers,
         ..TrieConfig::default()
     };
+    // With `one_store` the serial trie holds an empty store between its turns on the
+    // parallel trie's (see `TrieBenchConfig::one_store`).
     let mut serial = StateTrie::new(MemNodeStore::new(), config(1))?;
     let mut parallel = StateTrie::new(MemNodeStore::new(), config(cfg.threads))?;
     // Built on the parallel trie's pool, then the serial trie gets its own copy of the nodes.
-    parallel.apply(&genesis)?;
-    serial.apply(&genesis)?;
-    drop(genesis);
-    tracing::info!(elapsed = ?setup.elapsed(), "genesis tries built");
+    for chunk in world.genesis(GENESIS_CHUNK) {
+        parallel.apply(&chunk)?;
+    }
+    tracing::info!(
+        elapsed = ?setup.elapsed(),
+        resident_mib = overdrive_primitives::resident_mib(),
+        "genesis trie built"
+    );
+    if !cfg.one_store {
+        let bytes = parallel.store().heap_bytes();
+        if let Some((needed_mib, available_mib)) =
+            shortfall(1, bytes, overdrive_primitives::available_mib())
+        {
+            return Err(TrieError::InvalidConfig(format!(
+                "the one-thread trie's own copy of the state needs about {needed_mib} MiB and \
+                 {available_mib} MiB are available: use --one-store (or fewer --accounts)"
+            )));
+        }
+        for chunk in world.genesis(GENESIS_CHUNK) {
+            serial.apply(&chunk)?;
+        }
+        tracing::info!(
+            elapsed = ?setup.elapsed(),
+            resident_mib = overdrive_primitives::resident_mib(),
+            "one-thread trie's copy built"
+        );
+    }
 
     let token_root = parallel.storage_root(world.token)?;
     let mut flat = world.flat(token_root);
@@ -438,7 +567,7 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     let mut roots_equal =
         reth_accounts.update(&flat.accounts, &[], encode_account(&flat.storage_roots))
             == parallel.root()
-            && serial.root() == parallel.root();
+            && (cfg.one_store || serial.root() == parallel.root());
     // Without it, the two-thread trie's first blocks pay for the heap's growth: on a
     // 1M-account run it took 500–4,500 page faults a block (the one-thread trie none), each
     // 1–12 µs of one of its two threads (BENCHMARKS.md, the trie's twelfth round).
@@ -447,9 +576,23 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     } else {
         None
     };
+    let evictor = if cfg.evict_caches || cfg.one_store {
+        let evictor = Evictor::new(cfg.pin_workers)?;
+        tracing::info!(
+            mib_per_core = evictor.bytes() >> 20,
+            "caches evicted before (c) and (d)"
+        );
+        Some(evictor)
+    } else {
+        None
+    };
     overdrive_primitives::prefault_heap(cfg.prefault_heap_mib);
     let setup_s = setup.elapsed().as_secs_f64();
-    tracing::info!(elapsed = ?setup.elapsed(), "reference tries built, measuring");
+    tracing::info!(
+        elapsed = ?setup.elapsed(),
+        resident_mib = overdrive_primitives::resident_mib(),
+        "reference tries built, measuring"
+    );
 
     let (mut full_ms, mut reth_ms, mut one_ms, mut par_ms, mut compute_ms) =
         (vec![], vec![], vec![], vec![], vec![]);
@@ -457,14 +600,15 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         (vec![], vec![], vec![], vec![]);
     let mut round_trips = RoundTrips::default();
     for block in 0..=cfg.blocks {
-        let (diff, senders, slots) = world.block(cfg.transfers, &mut rng);
+        let block_data = world.block(cfg.transfers, &mut rng);
+        let (diff, senders, slots) = (&block_data.diff, &block_data.senders, &block_data.slots);
         // The flat state is the baselines' input, written before their timers start (as
         // reth's hashing stages run before its merkle stage).
-        for &i in &senders {
+        for &i in senders {
             flat.accounts
                 .insert(world.hashed_addresses[i], world.account(i));
         }
-        for &i in &slots {
+        for &i in slots {
             flat.slots
                 .insert(world.hashed_slots[i], world.token_balances[i]);
         }
@@ -502,18 +646,32 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         }
 
         // (c)
+        let pre_root = parallel.root();
+        if cfg.one_store {
+            parallel.apply(diff)?;
+            hand_over(&mut parallel, &mut serial, &block_data, pre_root)?;
+        }
+        if let Some(evictor) = &evictor {
+            evictor.evict();
+        }
         let start = Instant::now();
-        let one = serial.apply(&diff)?;
+        let one_root = serial.apply(diff)?.root;
         let one_time = ms(start);
 
         // (d), root alone then the store write
+        if cfg.one_store {
+            hand_over(&mut serial, &mut parallel, &block_data, pre_root)?;
+        }
+        if let Some(evictor) = &evictor {
+            evictor.evict();
+        }
         let start = Instant::now();
-        let output = parallel.compute(&diff)?;
+        let output = parallel.compute(diff)?;
         let compute_time = ms(start);
         parallel.commit(&output)?;
         let par_time = ms(start);
 
-        roots_equal &= full_root == reth_root && reth_root == one.root && one.root == output.root;
+        roots_equal &= full_root == reth_root && reth_root == one_root && one_root == output.root;
         // After (d), so that (a) to (d) run in the same order with or without it.
         if let Some(co_run) = co_run.as_mut() {
             co_run.round(&mut world, cfg.transfers, block > 0)?;
@@ -560,6 +718,8 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
         changed_slots: median_u64(&mut changed_slots) as usize,
         overdrive_compute_ms: median(&mut compute_ms),
         setup_s,
+        one_store: cfg.one_store,
+        evicted_caches: evictor.is_some(),
         core_round_trips: round_trips,
     })
 }
@@ -579,6 +739,8 @@ mod tests {
             pin_workers: true,
             prefault_heap_mib: 4,
             co_run_reference: false,
+            one_store: false,
+            evict_caches: false,
         };
         let report = run(&cfg).unwrap();
         assert!(report.roots_equal);
@@ -633,6 +795,8 @@ mod tests {
             pin_workers: true,
             prefault_heap_mib: 0,
             co_run_reference: true,
+            one_store: false,
+            evict_caches: false,
         };
         let report = run(&cfg).unwrap();
         assert!(report.roots_equal);
@@ -644,6 +808,74 @@ mod tests {
             report
                 .to_string()
                 .contains("co-run reference: 2 one-thread tries")
+        );
+    }
+
+    /// One shared store measures the same blocks as two: same roots, same work per block.
+    #[test]
+    fn one_store_runs_the_same_blocks() {
+        let cfg = TrieBenchConfig {
+            accounts: 2_500,
+            blocks: 3,
+            threads: 2,
+            transfers: 300,
+            seed: 6,
+            ..TrieBenchConfig::default()
+        };
+        let two = run(&cfg).unwrap();
+        let one = run(&TrieBenchConfig {
+            one_store: true,
+            ..cfg
+        })
+        .unwrap();
+        assert!(one.roots_equal && two.roots_equal);
+        assert_eq!(
+            (one.keccak_calls, one.dirty_nodes, one.changed_slots),
+            (two.keccak_calls, two.dirty_nodes, two.changed_slots)
+        );
+    }
+
+    /// The set-up's state built in pieces is the state built at once, node for node, and a
+    /// block's undo takes it back there.
+    #[test]
+    fn genesis_in_pieces_and_undo() {
+        let mut world = World::new(2_000, &mut SmallRng::seed_from_u64(8));
+        let build = |world: &World, chunk: usize| {
+            let mut trie =
+                StateTrie::new(MemNodeStore::new(), TrieConfig::with_threads(1)).unwrap();
+            for piece in world.genesis(chunk) {
+                trie.apply(&piece).unwrap();
+            }
+            trie
+        };
+        let whole = build(&world, usize::MAX);
+        let mut pieces = build(&world, 700);
+        assert_eq!(world.genesis(700).count(), 3);
+        assert_eq!(whole.root(), pieces.root());
+        assert_eq!(whole.store().len(), pieces.store().len());
+        let token = crate::TrieId::Storage(world.token);
+        assert_eq!(whole.store().nodes(token), pieces.store().nodes(token));
+
+        let block = world.block(400, &mut SmallRng::seed_from_u64(9));
+        let before = pieces.store().nodes(crate::TrieId::Account);
+        assert_ne!(pieces.apply(&block.diff).unwrap().root, whole.root());
+        assert_eq!(pieces.apply(&block.undo).unwrap().root, whole.root());
+        assert_eq!(pieces.store().nodes(crate::TrieId::Account), before);
+        assert_eq!(pieces.store().nodes(token), whole.store().nodes(token));
+    }
+
+    #[test]
+    fn copies_that_do_not_fit_are_refused() {
+        assert_eq!(
+            shortfall(16, 2 << 30, Some(24 << 10)),
+            Some((36 << 10, 24 << 10))
+        );
+        assert_eq!(shortfall(2, 2 << 30, Some(24 << 10)), None);
+        assert!(shortfall(usize::MAX, usize::MAX, Some(1)).is_some());
+        assert_eq!(
+            shortfall(16, 2 << 30, None),
+            None,
+            "unknown memory: assumed to fit"
         );
     }
 
@@ -660,6 +892,11 @@ mod tests {
             },
             TrieBenchConfig {
                 transfers: MAX_TRANSFERS + 1,
+                ..TrieBenchConfig::default()
+            },
+            TrieBenchConfig {
+                one_store: true,
+                co_run_reference: true,
                 ..TrieBenchConfig::default()
             },
         ] {
