@@ -322,7 +322,8 @@ impl<S: NodeStore> StateTrie<S> {
 
     /// Moves the trie onto `store` (the root is read from it) and gives back the store it
     /// had, keeping the pool: two tries with different pools can take turns on one store
-    /// without either keeping a copy of the nodes. On an error the trie keeps its store.
+    /// without either keeping a copy of the nodes. On an error the trie keeps its store and
+    /// `store` is dropped.
     pub fn replace_store(&mut self, store: S) -> Result<S, TrieError> {
         self.root = stored_root(&store)?;
         Ok(std::mem::replace(&mut self.store, store))

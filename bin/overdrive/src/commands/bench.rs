@@ -71,14 +71,14 @@ pub struct TrieArgs {
     /// give for this work here, the yardstick of (d). Adds `co_run_speedup` to the JSON.
     #[arg(long)]
     co_run_reference: bool,
-    /// Keep one copy of the trie instead of two: (c) applies each block on the store of (d),
-    /// which takes it back (an untimed apply of the previous values) and then applies the
-    /// block itself. Halves the tries' memory: 10M accounts fit in 24 GiB with it. Implies
-    /// `--evict-caches`.
+    /// Keep one copy of the trie instead of two: (c) and (d) take turns on one store, each
+    /// applying the block right after its own trie took the store back to the block's
+    /// pre-state (an untimed apply of the previous values). Halves the tries' memory: 10M
+    /// accounts fit in 24 GiB with it. Implies `--evict-caches`.
     #[arg(long, conflicts_with = "co_run_reference")]
     one_store: bool,
-    /// Before (c) and before (d), write twice the last-level cache's size on every core, so
-    /// that both start with nothing of the trie in any cache.
+    /// Before (c) and before (d), every core writes twice its share of each cache, so that
+    /// both start with nothing of the trie in any cache.
     #[arg(long)]
     evict_caches: bool,
     #[command(flatten)]

@@ -2,22 +2,22 @@
 //!
 //! Which of a block's nodes a timed phase finds in cache depends on what ran before it, and on
 //! which core last wrote them: a line another core holds modified is fetched from that core,
-//! which can cost more than memory. (c) and (d) taking turns on one store
-//! ([`super::TrieBenchConfig::one_store`]) changes both for (c), which would then read what
-//! (d)'s two cores last wrote. Writing a buffer larger than the last-level cache on every core
-//! before each timed phase starts (c) and (d) alike: nothing of the trie cached, everything
-//! in memory.
+//! which can cost more than memory. When (c) and (d) take turns on one store
+//! ([`super::TrieBenchConfig::one_store`]), each runs right after its trie's take-back of the
+//! block, which touched exactly the block's paths. Writing buffers larger than the caches on
+//! every core before each timed phase starts (c) and (d) alike: nothing of the trie cached,
+//! everything in memory.
 
 use crate::error::TrieError;
 use overdrive_tasks::{Pinning, worker_pool};
 use rayon::ThreadPool;
 use std::cell::RefCell;
 
-/// Bytes each core writes when the last-level cache's size is unknown.
+/// Bytes each core writes when the caches' sizes are unknown.
 const DEFAULT_BYTES: usize = 64 << 20;
 
 /// The most bytes each core writes.
-const MAX_BYTES: usize = 512 << 20;
+const MAX_BYTES: usize = 256 << 20;
 
 /// A cache line, or more: every line of the buffer is written once.
 const LINE: usize = 64;
@@ -36,15 +36,13 @@ pub(super) struct Evictor {
 
 impl Evictor {
     /// One thread per core this process may run on, pinned there when `pin`, each writing
-    /// twice the last-level cache's size.
+    /// twice its share of every cache it sits behind (see [`bytes_per_core`]).
     pub(super) fn new(pin: bool) -> Result<Self, TrieError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pinning = if pin { Pinning::Cores } else { Pinning::Off };
         let pool = worker_pool("overdrive-evict", cores, pinning)
             .map_err(|e| TrieError::InvalidConfig(format!("cache eviction threads: {e}")))?;
-        let bytes = last_level_cache_bytes()
-            .map_or(DEFAULT_BYTES, |size| 2 * size)
-            .clamp(LINE, MAX_BYTES);
+        let bytes = bytes_per_core(&caches()).clamp(LINE, MAX_BYTES);
         Ok(Self { pool, bytes })
     }
 
@@ -67,17 +65,66 @@ impl Evictor {
                 std::hint::black_box(&buffer);
             });
         });
+        // rayon's idle workers spin a little before they sleep: not inside the timed phase
+        // that follows, on the cores its workers run on.
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
-/// The size of the largest cache of the first core, from Linux's sysfs (`None` elsewhere).
-fn last_level_cache_bytes() -> Option<usize> {
-    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+/// One cache of the first core: its size and how many cores share it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cache {
+    bytes: usize,
+    shared_by: usize,
+}
+
+/// What each core writes to evict every cache of the first core: twice each cache's share per
+/// core, summed over the levels (a core writes through its private caches into the shared
+/// one, so each level takes its own share). [`DEFAULT_BYTES`] when nothing is known.
+fn bytes_per_core(caches: &[Cache]) -> usize {
+    if caches.is_empty() {
+        return DEFAULT_BYTES;
+    }
+    caches
+        .iter()
+        .map(|cache| 2 * cache.bytes / cache.shared_by.max(1))
+        .sum()
+}
+
+/// The data and unified caches of the first core, from Linux's sysfs (none elsewhere).
+fn caches() -> Vec<Cache> {
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else {
+        return Vec::new();
+    };
     dir.filter_map(|entry| {
-        let size = std::fs::read_to_string(entry.ok()?.path().join("size")).ok()?;
-        parse_size(size.trim())
+        let path = entry.ok()?.path();
+        let read = |name: &str| std::fs::read_to_string(path.join(name)).ok();
+        if read("type")?.trim() == "Instruction" {
+            return None;
+        }
+        Some(Cache {
+            bytes: parse_size(read("size")?.trim())?,
+            shared_by: count_cpus(read("shared_cpu_list")?.trim())?,
+        })
     })
-    .max()
+    .collect()
+}
+
+/// The number of CPUs in a sysfs CPU list such as `0-7,16-23`.
+fn count_cpus(list: &str) -> Option<usize> {
+    list.split(',').try_fold(0usize, |count, part| {
+        let n = match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last): (usize, usize) = (first.parse().ok()?, last.parse().ok()?);
+                last.checked_sub(first)? + 1
+            }
+            None => {
+                part.parse::<usize>().ok()?;
+                1
+            }
+        };
+        count.checked_add(n)
+    })
 }
 
 /// A sysfs cache size: `32768K`, `1M` or plain bytes.
@@ -109,6 +156,36 @@ mod tests {
         assert_eq!(parse_size("1T"), None);
         assert_eq!(parse_size("K"), None);
         assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn cpu_lists_count() {
+        assert_eq!(count_cpus("0-1"), Some(2));
+        assert_eq!(count_cpus("0-7,16-23"), Some(16));
+        assert_eq!(count_cpus("3"), Some(1));
+        assert_eq!(count_cpus("7-3"), None);
+        assert_eq!(count_cpus("a"), None);
+    }
+
+    #[test]
+    fn each_core_writes_twice_its_share_of_each_cache() {
+        // This VM: 1 MiB of L2 per core, 32 MiB of L3 shared by two cores.
+        let vm = [
+            Cache {
+                bytes: 64 << 10,
+                shared_by: 1,
+            },
+            Cache {
+                bytes: 1 << 20,
+                shared_by: 1,
+            },
+            Cache {
+                bytes: 32 << 20,
+                shared_by: 2,
+            },
+        ];
+        assert_eq!(bytes_per_core(&vm), (128 << 10) + (2 << 20) + (32 << 20));
+        assert_eq!(bytes_per_core(&[]), DEFAULT_BYTES);
     }
 
     #[test]
