@@ -9,7 +9,7 @@
 #   OVERDRIVE_ARTIFACTS=DIR  write to DIR instead of <repo>/build-artifacts (the crate reads the
 #                            same variable)
 #
-# Needs node and npm (and the npm registry the first time). Idempotent: when the inputs
+# Needs node, npm (and the npm registry the first time) and sha256sum. Idempotent: when the inputs
 # (package.json, package-lock.json, Token.sol, build.js) have not changed since the last build,
 # it only checks a stamp and exits.
 set -euo pipefail
@@ -22,7 +22,7 @@ for arg in "$@"; do
     case "$arg" in
         --force) force=1 ;;
         -h | --help)
-            sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what overdrive needs on a fresh Debian machine (idempotent, quick when done):
-# a Rust toolchain with rustfmt/clippy, Node.js/npm for the contract artifacts, and the
-# artifacts themselves (OpenZeppelin ERC20 compiled with solc-js; Uniswap V2 npm builds).
+# build-essential, pkg-config and Node.js/npm from apt, rustfmt/clippy for the Rust toolchain
+# (Rust itself, from rustup, must already be there), the contract artifacts (OpenZeppelin
+# ERC20 compiled with solc-js; Uniswap V2 npm builds) and the mainnet genesis allocation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, doc links, unit/integration/differential tests, and the
-# ethereum/tests fixtures. Tests build with optimised dependencies (see [profile.dev] in
-# Cargo.toml), because revm in debug runs 40-75x slower.
+# ethereum/tests fixtures. Tests build with optimised dependencies (see
+# [profile.dev.package."*"] in Cargo.toml), because revm in debug runs 40-75x slower.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FIXTURES="${OVERDRIVE_FIXTURES:-$(cd .. && pwd)/shared/fixtures/ethereum-tests}"

@@ -4,7 +4,9 @@
 //! pre-state reader (revm `DatabaseRef`) and the chain spec, and returns receipts, gas,
 //! EIP-7685 requests and the bundle state with reverts. [`SequentialExecutor`] runs alloy-evm's
 //! `EthBlockExecutor` over `revm::State` (reth's own path) and is the reference that every
-//! faster executor must equal bit for bit.
+//! faster executor must equal bit for bit. [`ParallelExecutor`] is the fast one: optimistic
+//! (Block-STM style) execution scheduled by a dependency DAG, committed in block order through
+//! the reference's own state and receipt path, with the same output and the same errors.
 //!
 //! Both record per-block metrics through the `metrics` facade (see [`describe_metrics`]).
 

@@ -139,8 +139,8 @@ pub struct ExecArgs {
     #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_GAS_FOR_PARALLEL)]
     min_parallel_gas: u64,
     /// Also measure an ideal partitioned executor on every block: the block cut into
-    /// `--threads` parts that share no sender, each run sequentially on its own state, one
-    /// after another and then at once (see `split.rs`). Two more runs per repeat, alternating
+    /// `--threads` parts that share no sender and no plain-transfer recipient, each run
+    /// sequentially on its own state, one after another and then at once (see `split.rs`). Two more runs per repeat, alternating
     /// with the measured pair; the speedup is measured as without it.
     #[arg(long)]
     split_reference: bool,
@@ -508,8 +508,8 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     let split_speedup = split_sum.map(|c| c.serial.as_secs_f64() / c.concurrent.as_secs_f64());
     if let Some(split) = split_speedup {
         println!(
-            "split reference {split:.2}x (the blocks cut into {} parts that share no sender, \
-             each sequential on its own state: one after another over at once)",
+            "split reference {split:.2}x (the blocks cut into {} parts that share no sender \
+             and no plain-transfer recipient, each sequential on its own state: one after another over at once)",
             args.threads,
         );
     }
