@@ -500,11 +500,14 @@ fn random_thread_counts_and_thresholds() {
     }
 }
 
-/// A pre-state reader that panics when one address is read, and takes its time over another.
+/// A pre-state reader that panics when one address is read (or, with `trap_storage`, one
+/// address's storage), and takes its time over another.
 #[derive(Debug)]
 struct Exploding {
     inner: MemState,
     trap: Address,
+    /// Reading any slot of it panics.
+    trap_storage: Option<Address>,
     /// Reading it takes [`SLOW_READ`].
     slow: Option<Address>,
     /// How often the trap was read.
@@ -518,6 +521,7 @@ impl Exploding {
         Self {
             inner,
             trap,
+            trap_storage: None,
             slow,
             trap_reads: Default::default(),
         }
@@ -545,6 +549,9 @@ impl DatabaseRef for Exploding {
         address: Address,
         index: StorageKey,
     ) -> Result<StorageValue, Self::Error> {
+        if Some(address) == self.trap_storage {
+            panic!("trap storage read");
+        }
         self.inner.storage_ref(address, index)
     }
     fn block_hash_ref(&self, number: u64) -> Result<B256, Self::Error> {
@@ -627,6 +634,104 @@ fn panicking_worker() {
             "sequential path: {result:?}"
         );
     }
+}
+
+/// Random Cancun and Prague blocks over a reader whose storage reads of one shared contract
+/// panic (a database failing mid-block). The parallel executor must give what the sequential
+/// executor meets first in block order: the panic as `WorkerPanic`, the output of a block that
+/// never reads that storage, or — with a transaction left out, so that a nonce gap comes
+/// before — the nonce error, however far speculation ran past it into the panic.
+#[test]
+fn storage_read_panics_in_random_blocks() {
+    within(std::time::Duration::from_secs(300), storage_read_panics);
+}
+
+fn storage_read_panics() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let executors = [parallel(2), parallel(4)];
+    // Blocks that panicked, stayed valid, and hit the gap before a panic they would meet later.
+    let (mut panicked, mut valid, mut gap_first) = (0, 0, 0);
+    for seed in 0..6 {
+        for fork in [Fork::Cancun, Fork::Prague] {
+            let (mut generator, mut state) = Gen::new(fork, 9_000 + seed);
+            generator.advance(&mut state, 1, 20);
+            let mut db = Exploding::new(state.clone(), Address::ZERO, None);
+            db.trap_storage = Some(generator.contracts[3]);
+            for b in 0..4 {
+                let n = generator.rng.random_range(8..=40);
+                let block = generator.block(&state, n);
+                // A block with the first transaction whose sender sends again later left out.
+                let gap = (0..n)
+                    .find(|&i| {
+                        block.transactions[i + 1..]
+                            .iter()
+                            .any(|tx| tx.signer() == block.transactions[i].signer())
+                    })
+                    .map(|i| {
+                        let mut txs = block.transactions.clone();
+                        txs.remove(i);
+                        RecoveredBlock::from_parts(
+                            block.header.clone(),
+                            txs,
+                            Vec::new(),
+                            block.withdrawals.clone(),
+                        )
+                    });
+                let mut block_panicked = false;
+                for (what, block) in
+                    std::iter::once(("whole", &block)).chain(gap.iter().map(|g| ("gap", g)))
+                {
+                    let expected = catch_unwind(AssertUnwindSafe(|| {
+                        SequentialExecutor.execute(&generator.spec, block, &db)
+                    }));
+                    for (executor, t) in executors.iter().zip([2, 4]) {
+                        let what = format!("{fork:?} seed {seed} block {b} {what} threads {t}");
+                        let result = executor.execute(&generator.spec, block, &db);
+                        match &expected {
+                            Err(_) => assert!(
+                                matches!(&result, Err(ExecutionError::WorkerPanic(m)) if m.contains("trap")),
+                                "{what}: the sequential executor panicked, parallel gave {result:?}"
+                            ),
+                            Ok(expected) => {
+                                assert!(
+                                    &result == expected,
+                                    "{what}: parallel differs (errors: parallel {:?}, sequential {:?})",
+                                    result.as_ref().err(),
+                                    expected.as_ref().err()
+                                )
+                            }
+                        }
+                    }
+                    match (what, &expected) {
+                        ("whole", Err(_)) => {
+                            block_panicked = true;
+                            panicked += 1
+                        }
+                        ("whole", Ok(_)) => valid += 1,
+                        (_, Ok(Err(ExecutionError::InvalidTransaction { .. })))
+                            if block_panicked =>
+                        {
+                            gap_first += 1
+                        }
+                        _ => {}
+                    }
+                }
+                let out = SequentialExecutor
+                    .execute(&generator.spec, &block, &state)
+                    .expect("a valid block");
+                state.apply_bundle(&out.bundle);
+                state.block_hashes.insert(block.number(), block.hash);
+                db.inner = state.clone();
+            }
+        }
+    }
+    eprintln!(
+        "blocks that panicked {panicked}, stayed valid {valid}, met the gap first {gap_first}"
+    );
+    assert!(
+        panicked > 0 && valid > 0 && gap_first > 0,
+        "blocks that panicked {panicked}, stayed valid {valid}, met the gap first {gap_first}"
+    );
 }
 
 /// A contract that reads `slow`'s balance, then sends 1 wei (what its caller sent it) to

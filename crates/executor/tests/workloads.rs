@@ -43,11 +43,7 @@ fn every_workload_equals_sequential() {
             // Two, three and four threads, and two threads paying the coinbase and hot
             // recipients eagerly.
             let mut executors: Vec<_> = [2, 3, 4].into_iter().map(common::parallel).collect();
-            executors.push(ParallelExecutor::new(ParallelConfig {
-                lazy_coinbase: false,
-                lazy_recipients: false,
-                ..common::parallel(2).config().clone()
-            }));
+            executors.push(common::parallel_eager(2));
             let names = ["2 threads", "3 threads", "4 threads", "2 threads, eager"];
             let mut state = workload.genesis.clone();
             for block in &workload.blocks {
