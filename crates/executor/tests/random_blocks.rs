@@ -12,7 +12,7 @@ use alloy_primitives::{Address, Bytes, TxKind, U256};
 use common::{CHAIN_ID, Fork, Gen, Key, assert_equal, parallel, parallel_eager, seed_base, soak};
 use overdrive_executor::{BlockExecutor, BlockOutput, ParallelExecutor, SequentialExecutor};
 use overdrive_primitives::{MemState, RecoveredBlock};
-use rand::Rng;
+use rand::{Rng, seq::IndexedRandom};
 use revm::database::BundleState;
 
 /// Runs `blocks` random blocks of a chain, each through every executor, applying the
@@ -369,4 +369,104 @@ fn direct_precompile(address: u64, len: u64) -> Option<Bytes> {
         .execute(&vec![0; len as usize], 200_000, 0)
         .ok()?;
     out.status.is_success().then_some(out.bytes)
+}
+
+/// One CREATE2 address raced over by several senders in one block, in random order: a child
+/// created and destroyed in its transaction (op 15), a lasting child (op 4), plain transfers
+/// funding the address before or after, calls to it (a lasting child's self-destruct only
+/// moves its balance under Cancun's rules) and reads of its balance (op 14). Fresh salts keep
+/// every trial's address unused, which the random chains run out of (a lasting child can never
+/// be destroyed there).
+#[test]
+fn destroy_and_recreate_races() {
+    let trials = if soak() { 300 } else { 40 };
+    let (mut raced, mut blocks) = (0, 0);
+    for trial in 0..trials {
+        for fork in [Fork::Cancun, Fork::Prague] {
+            let (mut generator, mut state) = Gen::new(fork, 11_000 + seed_base() + trial);
+            let sink = generator.contracts[0];
+            state
+                .accounts
+                .get_mut(&sink)
+                .expect("a contract")
+                .info
+                .balance = U256::from(10u64.pow(18));
+            let salt = U256::from(100 + trial);
+            let child = sink.create2(
+                alloy_primitives::B256::from(salt),
+                alloy_primitives::keccak256(common::child_initcode()),
+            );
+            let template = generator.block(&state, 1);
+            let senders: Vec<Key> = generator.senders[..6].to_vec();
+            let mut nonces: Vec<u64> = senders
+                .iter()
+                .map(|k| state.accounts[&k.address].info.nonce)
+                .collect();
+            let mut ops = Vec::new();
+            let mut txs = Vec::new();
+            for _ in 0..generator.rng.random_range(6..16) {
+                let s = generator.rng.random_range(0..senders.len());
+                let op: u8 = *[15, 4, 0, 1, 14].choose(&mut generator.rng).expect("ops");
+                let sink_call = |op: u8, arg0: U256, arg1: U256| {
+                    let mut input = vec![op];
+                    input.extend_from_slice(&arg0.to_be_bytes::<32>());
+                    input.extend_from_slice(&arg1.to_be_bytes::<32>());
+                    (sink, 0, input)
+                };
+                let beneficiary = U256::from_be_slice(generator.hot.as_slice());
+                let (to, value, input) = match op {
+                    15 | 4 => sink_call(op, salt, U256::ZERO),
+                    14 => sink_call(14, U256::ZERO, U256::from_be_slice(child.as_slice())),
+                    // A plain transfer to the address, whatever is there.
+                    0 => (child, generator.rng.random_range(1..1_000u64), Vec::new()),
+                    // A call to it: a lasting child sends its balance to `hot`.
+                    _ => (child, 0, beneficiary.to_be_bytes::<32>().to_vec()),
+                };
+                ops.push(op);
+                txs.push(senders[s].sign(TxEip1559 {
+                    chain_id: CHAIN_ID,
+                    nonce: nonces[s],
+                    gas_limit: 300_000,
+                    max_fee_per_gas: template.header.base_fee_per_gas.unwrap_or(0) as u128 * 2 + 2,
+                    max_priority_fee_per_gas: 1,
+                    to: TxKind::Call(to),
+                    value: U256::from(value),
+                    access_list: Default::default(),
+                    input: Bytes::from(input),
+                }));
+                nonces[s] += 1;
+            }
+            let block = RecoveredBlock::from_parts(
+                template.header.clone(),
+                txs,
+                Vec::new(),
+                template.withdrawals.clone(),
+            );
+            let mut out = None;
+            for t in [2, 3, 4] {
+                let what = format!("{fork:?} trial {trial} ops {ops:?} threads {t}");
+                out = Some(
+                    assert_equal(&parallel(t), &generator.spec, &block, &state, &what)
+                        .unwrap_or_else(|e| panic!("{what}: invalid block: {e}")),
+                );
+            }
+            // A child created and destroyed, then one created to last, in one block.
+            let lasting = out
+                .and_then(|o| o.bundle.account(&child)?.info.clone())
+                .is_some_and(|i| !i.is_empty_code_hash());
+            let first_ephemeral = ops.iter().position(|&o| o == 15);
+            if lasting
+                && first_ephemeral.is_some()
+                && first_ephemeral < ops.iter().position(|&o| o == 4)
+            {
+                raced += 1;
+            }
+            blocks += 1;
+        }
+    }
+    eprintln!("destroyed then re-created in {raced} of {blocks} blocks");
+    assert!(
+        raced > blocks / 10,
+        "destroyed then re-created in {raced} of {blocks} blocks"
+    );
 }
