@@ -137,16 +137,23 @@ struct SinkChain {
     template: RecoveredBlock,
 }
 
+/// A chain of the generator whose kitchen sink `contracts[sink]` holds an ether (enough for
+/// the value its calls send on).
+fn funded_sink(fork: Fork, seed: u64, sink: usize) -> (Gen, MemState, Address) {
+    let (generator, mut state) = Gen::new(fork, seed);
+    let sink = generator.contracts[sink];
+    state
+        .accounts
+        .get_mut(&sink)
+        .expect("a contract")
+        .info
+        .balance = U256::from(10u64.pow(18));
+    (generator, state, sink)
+}
+
 impl SinkChain {
     fn new(seed: u64, sink: usize, sender: usize) -> Self {
-        let (mut generator, mut state) = Gen::new(Fork::Prague, seed);
-        let sink = generator.contracts[sink];
-        state
-            .accounts
-            .get_mut(&sink)
-            .expect("a contract")
-            .info
-            .balance = U256::from(10u64.pow(18));
+        let (mut generator, state, sink) = funded_sink(Fork::Prague, seed, sink);
         let mut template = generator.block(&state, 1);
         template.header.base_fee_per_gas = Some(7);
         let key = generator.senders[sender].clone();
@@ -383,14 +390,7 @@ fn destroy_and_recreate_races() {
     let (mut raced, mut blocks) = (0, 0);
     for trial in 0..trials {
         for fork in [Fork::Cancun, Fork::Prague] {
-            let (mut generator, mut state) = Gen::new(fork, 11_000 + seed_base() + trial);
-            let sink = generator.contracts[0];
-            state
-                .accounts
-                .get_mut(&sink)
-                .expect("a contract")
-                .info
-                .balance = U256::from(10u64.pow(18));
+            let (mut generator, state, sink) = funded_sink(fork, 11_000 + seed_base() + trial, 0);
             let salt = U256::from(100 + trial);
             let child = sink.create2(
                 alloy_primitives::B256::from(salt),
