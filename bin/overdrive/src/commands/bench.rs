@@ -140,8 +140,9 @@ pub struct ExecArgs {
     min_parallel_gas: u64,
     /// Also measure an ideal partitioned executor on every block: the block cut into
     /// `--threads` parts that share no sender and no plain-transfer recipient, each run
-    /// sequentially on its own state, one after another and then at once (see `split.rs`). Two more runs per repeat, alternating
-    /// with the measured pair; the speedup is measured as without it.
+    /// sequentially on its own state, one after another and then at once (see `split.rs`).
+    /// Two more runs per repeat, alternating with the measured pair; the speedup is measured
+    /// as without it.
     #[arg(long)]
     split_reference: bool,
     /// Print a JSON object as the last line.
@@ -509,7 +510,8 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     if let Some(split) = split_speedup {
         println!(
             "split reference {split:.2}x (the blocks cut into {} parts that share no sender \
-             and no plain-transfer recipient, each sequential on its own state: one after another over at once)",
+             and no plain-transfer recipient, each sequential on its own state: one after \
+             another over at once)",
             args.threads,
         );
     }
