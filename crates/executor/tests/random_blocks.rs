@@ -388,6 +388,7 @@ fn direct_precompile(address: u64, len: u64) -> Option<Bytes> {
 fn destroy_and_recreate_races() {
     let trials = if soak() { 300 } else { 40 };
     let (mut raced, mut blocks) = (0, 0);
+    let executors = [parallel(2), parallel(3), parallel(4)];
     for trial in 0..trials {
         for fork in [Fork::Cancun, Fork::Prague] {
             let (mut generator, state, sink) = funded_sink(fork, 11_000 + seed_base() + trial, 0);
@@ -443,10 +444,10 @@ fn destroy_and_recreate_races() {
                 template.withdrawals.clone(),
             );
             let mut out = None;
-            for t in [2, 3, 4] {
+            for (executor, t) in executors.iter().zip([2, 3, 4]) {
                 let what = format!("{fork:?} trial {trial} ops {ops:?} threads {t}");
                 out = Some(
-                    assert_equal(&parallel(t), &generator.spec, &block, &state, &what)
+                    assert_equal(executor, &generator.spec, &block, &state, &what)
                         .unwrap_or_else(|e| panic!("{what}: invalid block: {e}")),
                 );
             }
