@@ -531,15 +531,20 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     // parallel trie's (see `TrieBenchConfig::one_store`).
     let mut serial = StateTrie::new(MemNodeStore::new(), config(1))?;
     let mut parallel = StateTrie::new(MemNodeStore::new(), config(cfg.threads))?;
+    // Applies the genesis state in pieces and logs how far the set-up got.
+    let build = |trie: &mut StateTrie<MemNodeStore>, done: &str| -> Result<(), TrieError> {
+        for chunk in world.genesis(GENESIS_CHUNK) {
+            trie.apply(&chunk)?;
+        }
+        tracing::info!(
+            elapsed = ?setup.elapsed(),
+            resident_mib = overdrive_primitives::resident_mib(),
+            "{done}"
+        );
+        Ok(())
+    };
     // Built on the parallel trie's pool, then the serial trie gets its own copy of the nodes.
-    for chunk in world.genesis(GENESIS_CHUNK) {
-        parallel.apply(&chunk)?;
-    }
-    tracing::info!(
-        elapsed = ?setup.elapsed(),
-        resident_mib = overdrive_primitives::resident_mib(),
-        "genesis trie built"
-    );
+    build(&mut parallel, "genesis trie built")?;
     if !cfg.one_store {
         let bytes = parallel.store().heap_bytes();
         if let Some((needed_mib, available_mib)) =
@@ -550,14 +555,7 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
                  {available_mib} MiB are available: use --one-store (or fewer --accounts)"
             )));
         }
-        for chunk in world.genesis(GENESIS_CHUNK) {
-            serial.apply(&chunk)?;
-        }
-        tracing::info!(
-            elapsed = ?setup.elapsed(),
-            resident_mib = overdrive_primitives::resident_mib(),
-            "one-thread trie's copy built"
-        );
+        build(&mut serial, "one-thread trie's copy built")?;
     }
 
     let token_root = parallel.storage_root(world.token)?;
