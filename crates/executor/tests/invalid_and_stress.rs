@@ -480,9 +480,21 @@ fn random_thread_counts_and_thresholds() {
         // The path taken is the one the thresholds ask for (statistics come from the parallel
         // path only), and the output is the same as `execute`'s.
         let config = executor.config();
+        let started = std::time::Instant::now();
         let (again, stats) = executor
             .execute_with_stats(&generator.spec, &block, &state)
             .expect("valid");
+        let wall = started.elapsed().as_nanos() as u64;
+        if let Some(stats) = stats {
+            // The committer's serial time (the benchmark's Amdahl bound) is a part of the
+            // calling thread's time in this call, and it commits every transaction once.
+            assert!(
+                stats.serial_ns() <= wall,
+                "block {b}: serial {} ns in a {wall} ns call",
+                stats.serial_ns()
+            );
+            assert_eq!(stats.validated + stats.exact, n, "block {b}: {stats:?}");
+        }
         let parallel = threads > 1
             && n >= config.min_txs_for_parallel.max(1)
             && overdrive_executor::block_gas_estimate(&block) >= config.min_gas_for_parallel;

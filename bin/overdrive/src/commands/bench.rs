@@ -175,6 +175,12 @@ struct ExecReport {
     /// speedup, without its merge).
     #[serde(skip_serializing_if = "Option::is_none")]
     split_speedup: Option<f64>,
+    /// When every block took the parallel path: the sequential time over the committing
+    /// thread's serial time ([`overdrive_executor::CommitStats::serial_ns`]), the speedup
+    /// that no thread count can pass while the committer does this much per block (Amdahl's
+    /// bound), measured on this run's thread count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    committer_bound: Option<f64>,
 }
 
 pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
@@ -253,6 +259,9 @@ struct Pair {
     parallel_path: bool,
     /// The median split-reference measurement (by concurrent wall), when one was asked for.
     split: Option<SplitTiming>,
+    /// The committing thread's median serial time ([`overdrive_executor::CommitStats::serial_ns`]) over the
+    /// runs that took the parallel path.
+    committer_serial: Duration,
 }
 
 /// The median (by wall time) of `timings`.
@@ -282,6 +291,7 @@ fn timed_pair(
     split: Option<&SplitReference>,
 ) -> eyre::Result<Pair> {
     let (mut seq, mut par, mut splits) = (Vec::new(), Vec::new(), Vec::new());
+    let mut serial = Vec::new();
     let (mut output, mut equal, mut parallel_path) = (None, true, true);
     // Each run starts from what the executor knew before the block: a repeat must not
     // schedule by what an earlier run of this very block taught it.
@@ -306,6 +316,7 @@ fn timed_pair(
         par.push(p);
         equal &= par_out == seq_out;
         parallel_path &= stats.is_some();
+        serial.extend(stats.map(|s| Duration::from_nanos(s.serial_ns())));
         output = Some(seq_out);
         drop(par_out);
         if let Some(split) = split {
@@ -313,6 +324,7 @@ fn timed_pair(
         }
     }
     splits.sort_by_key(|s| s.concurrent);
+    serial.sort();
     Ok(Pair {
         output: output.ok_or_else(|| eyre::eyre!("no run"))?,
         seq: median(seq),
@@ -320,6 +332,7 @@ fn timed_pair(
         equal,
         parallel_path,
         split: splits.get(splits.len() / 2).copied(),
+        committer_serial: serial.get(serial.len() / 2).copied().unwrap_or_default(),
     })
 }
 
@@ -402,6 +415,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     }
     let mut round_trips = overdrive_tasks::RoundTrips::default();
     let mut split_sum: Option<SplitTiming> = None;
+    let mut committer_serial = Duration::ZERO;
     let mut split = if args.split_reference {
         SplitReference::new(args.threads)?
     } else {
@@ -428,6 +442,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
             );
         }
         let (out, t, p, block_equal) = (pair.output, pair.seq, pair.par, pair.equal);
+        committer_serial += pair.committer_serial;
         if pair.parallel_path {
             parallel_blocks += 1;
         } else if args.threads > 1 {
@@ -515,6 +530,16 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
             args.threads,
         );
     }
+    // Only where every block's serial time was measured: a sequential block has none.
+    let committer_bound = (parallel_blocks == workload.blocks.len() && !committer_serial.is_zero())
+        .then(|| seq.wall.as_secs_f64() / committer_serial.as_secs_f64());
+    if let Some(bound) = committer_bound {
+        println!(
+            "committer bound {bound:.2}x (sequential time over the committing thread's serial \
+             time, {:.2} ms/block: no thread count passes it)",
+            committer_serial.as_secs_f64() * 1e3 / blocks,
+        );
+    }
     let report = ExecReport {
         bench: "exec",
         workload: args.workload.to_string(),
@@ -530,6 +555,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         parallel_blocks,
         reverted,
         split_speedup,
+        committer_bound,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

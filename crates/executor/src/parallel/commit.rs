@@ -142,6 +142,19 @@ pub struct CommitStats {
     pub finish_ns: u64,
 }
 
+impl CommitStats {
+    /// The committing thread's time on work no other thread takes from it: setting the block
+    /// up, validating and committing each result in order (with the exact re-runs of those
+    /// that failed), executing exactly, and finishing. Helping and waiting are left out: they
+    /// only fill the committer's idle time. By Amdahl's law the parallel path cannot run a
+    /// block faster than this, whatever the thread count, so sequential time over this bounds
+    /// its speedup. The bound is conservative where the committer executed transactions
+    /// exactly because it was ahead of the workers: with more threads those go to workers.
+    pub fn serial_ns(&self) -> u64 {
+        self.start_ns + self.commit_ns + self.exact_ns + self.finish_ns
+    }
+}
+
 /// A lazily read account: its address, its committed value, what speculation saw.
 type LazyRead = (Address, Option<AccountInfo>, Option<Observed>);
 
@@ -165,6 +178,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     self.executor.execute_transaction(tx)?;
                 }
                 self.stats.exact += (n - k) as usize;
+                self.stats.exact_ns += lap(&mut clock);
                 return Ok(());
             }
             loop {
