@@ -259,8 +259,8 @@ struct Pair {
     parallel_path: bool,
     /// The median split-reference measurement (by concurrent wall), when one was asked for.
     split: Option<SplitTiming>,
-    /// The committing thread's median serial time ([`overdrive_executor::CommitStats::serial_ns`]) over the
-    /// runs that took the parallel path.
+    /// The committing thread's median serial time over the runs that took the parallel path
+    /// ([`overdrive_executor::CommitStats::serial_ns`]).
     committer_serial: Duration,
 }
 
