@@ -7,9 +7,9 @@
 #   scripts/scaling.sh [BIN]            # BIN: a release `overdrive` (default: built here)
 #
 # Environment: THREADS (default "1 2 4 8 16"), WORKLOADS (default: every workload kind; empty:
-# no exec table), TRIE_ACCOUNTS (default "100000 1000000"; empty: no trie table), COMPUTE_TXS (calls per compute block, default 200:
-# each is 0.2–0.9 Mgas, so 6,000 would make 3-gigagas blocks), OUT (a directory for the raw
-# JSON lines), SPLIT=1 (multi-thread runs also measure `--split-reference`, an ideal
+# no exec table), TRIE_ACCOUNTS (default "100000 1000000"; empty: no trie table), COMPUTE_TXS
+# (calls per compute block, default 200: each is 0.2–0.9 Mgas, so 6,000 would make 3-gigagas
+# blocks), OUT (a directory for the raw JSON lines), SPLIT=1 (multi-thread runs also measure `--split-reference`, an ideal
 # partitioned executor on the same blocks, shown in brackets after the cpu ratio, and
 # `--co-run-reference`, as many one-thread tries side by side, in brackets after (c)/(d)).
 # Multi-thread exec cells end with the committer bound in braces (`committer_bound`: sequential
