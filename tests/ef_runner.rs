@@ -166,6 +166,9 @@ fn parallel_runs_speculate_every_transaction() {
             // Every transaction of a parallel block is speculated; a failed validation
             // re-executes one exactly, which timing may cause now and then, never always.
             assert!(e.speculated >= e.parallel_blocks, "{rel} {}: {e:?}", r.name);
+            // Nothing sends these blocks to the sequential path (the runner turns the chain
+            // fallback off), so the pool folds every one's transitions, as asked.
+            assert_eq!(e.pool_folded, e.parallel_blocks, "{rel} {}: {e:?}", r.name);
         }
         for r in run_file(&fixture(rel), RunOptions::default()) {
             assert_eq!(

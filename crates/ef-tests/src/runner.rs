@@ -7,7 +7,7 @@ use overdrive_consensus::{
 };
 use overdrive_executor::{
     BlockExecutor, BlockOutput, CommitStats, ExecutionError, ParallelConfig, ParallelExecutor,
-    SequentialExecutor,
+    SequentialExecutor, TransitionFolding,
 };
 use overdrive_primitives::{ChainSpec, EthereumHardfork, ForkCondition, MemState, RecoveredBlock};
 use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
@@ -96,6 +96,9 @@ pub struct ExecCounts {
     /// Their transactions the committer executed exactly: the runner's parallel executor
     /// speculates every transaction, so only those whose speculative result failed validation.
     pub exact: usize,
+    /// Of the parallel blocks, those whose state transitions the pool folded (the runner asks
+    /// for [`TransitionFolding::Pool`]; a block that went sequential hands them back).
+    pub pool_folded: usize,
 }
 
 impl std::ops::AddAssign for ExecCounts {
@@ -103,6 +106,7 @@ impl std::ops::AddAssign for ExecCounts {
         self.parallel_blocks += other.parallel_blocks;
         self.speculated += other.speculated;
         self.exact += other.exact;
+        self.pool_folded += other.pool_folded;
     }
 }
 
@@ -276,6 +280,10 @@ impl Runner {
                 min_gas_for_parallel: 0,
                 chain_fallback: false,
                 speculate_all: true,
+                // The pool folds the state transitions: the fixtures' self-destructs,
+                // re-creations and system calls go through that path too (the committer's is
+                // `revm::State`'s own, which the sequential executor runs).
+                transition_folding: TransitionFolding::Pool,
                 ..ParallelConfig::default()
             })),
         };
@@ -640,6 +648,7 @@ impl Runner {
                 parallel_blocks: 1,
                 speculated: stats.validated,
                 exact: stats.exact,
+                pool_folded: usize::from(stats.pool_folded),
             };
         }
         state.block_hashes.insert(block.header.number, block.hash);

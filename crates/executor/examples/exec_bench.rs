@@ -4,6 +4,8 @@
 //! [threads] [repeat]` (defaults: erc20 100000 6000 2 7). Prints median wall time, speedup,
 //! CPU ratio (process CPU time of parallel / sequential) and the committer's statistics.
 //! `BENCH_ONLY=par` or `BENCH_ONLY=seq` times one executor only (for profiling).
+//! `BENCH_FOLDING=pool` or `BENCH_FOLDING=committer` fixes which thread folds the state
+//! transitions (`TransitionFolding`; default `auto`).
 //! `BENCH_TRACE=1` prints one line per parallel run, the warm-up's included: the core-to-core
 //! round trip just before it, its wall time and the committer's time per validated
 //! transaction, so that runs can be compared within one regime of the host (see
@@ -11,7 +13,9 @@
 //! it the summary's parallel wall and CPU times include it (about a millisecond); the per-run
 //! lines do not.
 
-use overdrive_executor::{BlockExecutor, ParallelConfig, ParallelExecutor, SequentialExecutor};
+use overdrive_executor::{
+    BlockExecutor, ParallelConfig, ParallelExecutor, SequentialExecutor, TransitionFolding,
+};
 use overdrive_tasks::process_cpu_time;
 use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
 use std::time::{Duration, Instant};
@@ -48,8 +52,14 @@ fn main() {
     let block = &workload.blocks[0];
     let spec = &workload.chain_spec;
     let state = &workload.genesis;
+    let transition_folding = match std::env::var("BENCH_FOLDING").as_deref() {
+        Ok("pool") => TransitionFolding::Pool,
+        Ok("committer") => TransitionFolding::Committer,
+        _ => TransitionFolding::Auto,
+    };
     let parallel = ParallelExecutor::new(ParallelConfig {
         threads,
+        transition_folding,
         ..Default::default()
     });
 

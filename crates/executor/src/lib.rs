@@ -20,7 +20,8 @@ pub use error::ExecutionError;
 pub use metrics::describe_metrics;
 pub use parallel::{
     CommitStats, DEFAULT_MIN_GAS_FOR_PARALLEL, DEFAULT_MIN_TXS_FOR_PARALLEL, LEARNED_BLOCKS,
-    Learned, ParallelConfig, ParallelExecutor, block_gas_estimate,
+    Learned, POOL_FOLDING_SPARE, ParallelConfig, ParallelExecutor, TransitionFolding,
+    block_gas_estimate,
 };
 pub use sequential::{SequentialExecutor, canonical_reverts, evm_env, execution_ctx};
 pub use traits::{BlockExecutor, BlockOutput, StateReader};

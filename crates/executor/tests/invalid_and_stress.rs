@@ -467,6 +467,11 @@ fn random_thread_counts_and_thresholds() {
                 min_txs_for_parallel: generator.rng.random_range(0..40),
                 min_gas_for_parallel: generator.rng.random_range(0..2_000_000),
                 speculate_all: generator.rng.random_bool(0.5),
+                transition_folding: [
+                    overdrive_executor::TransitionFolding::Auto,
+                    overdrive_executor::TransitionFolding::Committer,
+                    overdrive_executor::TransitionFolding::Pool,
+                ][generator.rng.random_range(0..3)],
                 ..Default::default()
             });
         let out = assert_equal(

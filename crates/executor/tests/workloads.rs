@@ -3,7 +3,7 @@
 
 mod common;
 
-use overdrive_executor::{ParallelConfig, ParallelExecutor};
+use overdrive_executor::{ParallelConfig, ParallelExecutor, TransitionFolding};
 use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
 
 #[test]
@@ -67,6 +67,11 @@ fn every_workload_equals_sequential() {
                         "{what}: {stats:?}"
                     );
                     assert!(stats.commit_ns + stats.exact_ns > 0, "{what}: {stats:?}");
+                    // Nothing sends these blocks to the sequential path, which would hand the
+                    // transitions back to `revm::State`.
+                    if executor.config().transition_folding == TransitionFolding::Pool {
+                        assert!(stats.pool_folded, "{what}: {stats:?}");
+                    }
                     if executor.config().lazy_coinbase {
                         speculated += stats.validated;
                     }

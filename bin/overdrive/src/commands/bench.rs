@@ -1,8 +1,9 @@
 use super::split::{SplitReference, SplitTiming};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use eyre::WrapErr;
 use overdrive_executor::{
     BlockExecutor, BlockOutput, ParallelConfig, ParallelExecutor, SequentialExecutor,
+    TransitionFolding,
 };
 use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
 use overdrive_tasks::process_cpu_time;
@@ -13,6 +14,24 @@ use std::time::{Duration, Instant};
 /// `--prefault-heap`'s default: more than the heap grew by in any measured run (≈ 320 MiB
 /// over the runs of 1-gigagas transfer blocks).
 const DEFAULT_PREFAULT_HEAP_MIB: usize = 1024;
+
+/// `--transition-folding`: [`TransitionFolding`] on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FoldingArg {
+    Auto,
+    Committer,
+    Pool,
+}
+
+impl From<FoldingArg> for TransitionFolding {
+    fn from(arg: FoldingArg) -> Self {
+        match arg {
+            FoldingArg::Auto => Self::Auto,
+            FoldingArg::Committer => Self::Committer,
+            FoldingArg::Pool => Self::Pool,
+        }
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -138,6 +157,11 @@ pub struct ExecArgs {
     /// is lower take the parallel executor's sequential path.
     #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_GAS_FOR_PARALLEL)]
     min_parallel_gas: u64,
+    /// Which thread folds the committed state changes into the block's transitions: `auto`
+    /// (the pool when its threads had a quarter of their time to spare in the last parallel
+    /// block), `committer` or `pool`.
+    #[arg(long, value_enum, default_value_t = FoldingArg::Auto)]
+    transition_folding: FoldingArg,
     /// Also measure an ideal partitioned executor on every block: the block cut into
     /// `--threads` parts that share no sender and no plain-transfer recipient, each run
     /// sequentially on its own state, one after another and then at once (see `split.rs`).
@@ -181,6 +205,9 @@ struct ExecReport {
     /// bound), measured on this run's thread count.
     #[serde(skip_serializing_if = "Option::is_none")]
     committer_bound: Option<f64>,
+    /// Blocks whose every parallel run folded the state transitions on the pool (see
+    /// `--transition-folding`).
+    pool_folded_blocks: usize,
 }
 
 pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
@@ -262,6 +289,9 @@ struct Pair {
     /// The committing thread's median serial time over the runs that took the parallel path
     /// ([`overdrive_executor::CommitStats::serial_ns`]).
     committer_serial: Duration,
+    /// Whether every parallel run folded its transitions on the pool
+    /// ([`overdrive_executor::CommitStats::pool_folded`]).
+    pool_folded: bool,
 }
 
 /// The median (by wall time) of `timings`.
@@ -292,7 +322,7 @@ fn timed_pair(
 ) -> eyre::Result<Pair> {
     let (mut seq, mut par, mut splits) = (Vec::new(), Vec::new(), Vec::new());
     let mut serial = Vec::new();
-    let (mut output, mut equal, mut parallel_path) = (None, true, true);
+    let (mut output, mut equal, mut parallel_path, mut pool_folded) = (None, true, true, true);
     // Each run starts from what the executor knew before the block: a repeat must not
     // schedule by what an earlier run of this very block taught it.
     let learned = parallel.learned();
@@ -316,6 +346,7 @@ fn timed_pair(
         par.push(p);
         equal &= par_out == seq_out;
         parallel_path &= stats.is_some();
+        pool_folded &= stats.is_some_and(|s| s.pool_folded);
         serial.extend(stats.map(|s| Duration::from_nanos(s.serial_ns())));
         output = Some(seq_out);
         drop(par_out);
@@ -333,6 +364,7 @@ fn timed_pair(
         parallel_path,
         split: splits.get(splits.len() / 2).copied(),
         committer_serial: serial.get(serial.len() / 2).copied().unwrap_or_default(),
+        pool_folded,
     })
 }
 
@@ -388,6 +420,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         threads: args.threads,
         min_txs_for_parallel: args.min_parallel_txs,
         min_gas_for_parallel: args.min_parallel_gas,
+        transition_folding: args.transition_folding.into(),
         ..ParallelConfig::default()
     });
     let mut state = workload.genesis.clone();
@@ -416,6 +449,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     let mut round_trips = overdrive_tasks::RoundTrips::default();
     let mut split_sum: Option<SplitTiming> = None;
     let mut committer_serial = Duration::ZERO;
+    let mut pool_folded_blocks = 0;
     let mut split = if args.split_reference {
         SplitReference::new(args.threads)?
     } else {
@@ -443,6 +477,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         }
         let (out, t, p, block_equal) = (pair.output, pair.seq, pair.par, pair.equal);
         committer_serial += pair.committer_serial;
+        pool_folded_blocks += usize::from(pair.pool_folded);
         if pair.parallel_path {
             parallel_blocks += 1;
         } else if args.threads > 1 {
@@ -540,6 +575,17 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
             committer_serial.as_secs_f64() * 1e3 / blocks,
         );
     }
+    if parallel_blocks > 0 {
+        println!(
+            "state transitions folded on the pool in {pool_folded_blocks} of {parallel_blocks} \
+             parallel blocks (--transition-folding {})",
+            match args.transition_folding {
+                FoldingArg::Auto => "auto",
+                FoldingArg::Committer => "committer",
+                FoldingArg::Pool => "pool",
+            },
+        );
+    }
     let report = ExecReport {
         bench: "exec",
         workload: args.workload.to_string(),
@@ -556,6 +602,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         reverted,
         split_speedup,
         committer_bound,
+        pool_folded_blocks,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

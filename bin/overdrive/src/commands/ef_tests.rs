@@ -85,8 +85,9 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
         let executed = summary.executed();
         println!(
             "parallel executor: {} blocks on the parallel path, {} transactions committed from \
-             speculation, {} executed exactly by the committer (after a failed validation)",
-            executed.parallel_blocks, executed.speculated, executed.exact
+             speculation, {} executed exactly by the committer (after a failed validation), {} \
+             blocks' state transitions folded on the pool",
+            executed.parallel_blocks, executed.speculated, executed.exact, executed.pool_folded
         );
     }
     let (passed, failed, skipped) = summary.counts();

@@ -19,6 +19,7 @@ use super::{
     spec::{
         Observed, Read, ReadMode, SpecOutcome, SpecRun, SpecShared, Speculator, extract_writes,
     },
+    transitions::{Pending, Writer},
 };
 use crate::{ExecutionError, StateReader};
 use alloy_consensus::{
@@ -41,6 +42,7 @@ use revm::{
     primitives::KECCAK_EMPTY,
     state::{Account, AccountInfo, EvmState},
 };
+use std::borrow::Cow;
 
 /// The logs of `result`, as `ExecutionResult::into_logs` gives them, leaving the rest.
 ///
@@ -84,6 +86,10 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     /// Never execute a pending transaction exactly ahead of speculation (see
     /// [`crate::ParallelConfig::speculate_all`]).
     pub speculate_all: bool,
+    /// Where the committed transitions go to be folded (see `transitions.rs`) while
+    /// `queue_transitions` holds; once the block goes sequential, `revm::State` folds them.
+    pub transitions: Writer<'c>,
+    pub queue_transitions: bool,
 }
 
 /// A contract the hints expect to change many storage slots (`BlockHints::many_slots`): its
@@ -140,6 +146,12 @@ pub struct CommitStats {
     pub start_ns: u64,
     /// Nanoseconds from the last commit to the return (post-execution changes, bundle merge).
     pub finish_ns: u64,
+    /// Nanoseconds the pool threads had to spare, summed over them: waiting with nothing to
+    /// execute, or folding transitions (see [`crate::TransitionFolding`]).
+    pub pool_spare_ns: u64,
+    /// Whether the pool folded the block's transitions to the end (not the committer, and not
+    /// `revm::State` after a switch to sequential).
+    pub pool_folded: bool,
 }
 
 impl CommitStats {
@@ -168,12 +180,15 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         // One clock read per action (each is a few microseconds; two reads would be a few
         // percent of it): the scheduling between two actions counts towards the second.
         let mut clock = std::time::Instant::now();
+        // The system calls' changes, committed before the first transaction.
+        self.queue_state_transitions();
         for k in 0..n {
             if self.sched.is_sequential() {
                 // Nothing else runs in this block any more (see `Scheduler::go_sequential`):
                 // the rest executes exactly as the sequential executor does, without the
                 // per-transaction scheduling and publishing.
                 self.flush_fees()?;
+                self.hand_back_transitions();
                 for tx in &self.block.transactions[k as usize..] {
                     self.executor.execute_transaction(tx)?;
                 }
@@ -201,6 +216,17 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     // A block that went sequential meanwhile never gets hints, so nothing
                     // would speculate `k`: the committer takes it whatever the mode.
                     PENDING if !self.speculate_all || self.sched.is_sequential() => {
+                        // Folding costs less than executing `k` here, and a worker may take
+                        // `k` meanwhile.
+                        if self.queue_transitions
+                            && self.transitions.shared().committer_should_fold()
+                        {
+                            self.transitions.flush();
+                            if self.transitions.shared().fold_some(0) {
+                                self.stats.help_ns += lap(&mut clock);
+                                continue;
+                            }
+                        }
                         if self.sched.try_claim(k) {
                             self.commit_exact(k, &[])?;
                             self.stats.exact_ns += lap(&mut clock);
@@ -236,7 +262,9 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             }
             self.sched.committed(k);
         }
-        self.flush_fees()
+        self.flush_fees()?;
+        self.transitions.flush();
+        Ok(())
     }
 
     /// Credits the deferred fees to the coinbase in `revm::State`.
@@ -260,7 +288,33 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             .ok_or_else(|| ExecutionError::Other("coinbase balance overflow".into()))?;
         account.info = info;
         db.commit(std::iter::once((coinbase, account)).collect());
+        self.queue_state_transitions();
         Ok(())
+    }
+
+    /// Queues what `revm::State` folded into its own transition state since this was last
+    /// called: one commit's changes, made through `revm::State` rather than by
+    /// `commit_speculative`.
+    fn queue_state_transitions(&mut self) {
+        if self.queue_transitions
+            && let Some(state) = self.executor.evm.db_mut().transition_state.as_mut()
+        {
+            self.transitions.push_folded(state);
+        }
+    }
+
+    /// Folds the queued transitions into `revm::State`'s, which folds the rest of the block's
+    /// itself: nothing but the committer runs any more.
+    fn hand_back_transitions(&mut self) {
+        if !self.queue_transitions {
+            return;
+        }
+        let db = self.executor.evm.db_mut();
+        self.transitions.flush();
+        self.transitions
+            .shared()
+            .fold_into(db.transition_state.get_or_insert_with(Default::default));
+        self.queue_transitions = false;
     }
 
     /// Executes `j` speculatively on the committer's thread (while the transaction it waits
@@ -368,9 +422,10 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             logs_bloom,
         };
         executor.receipts.push(envelope(tx.tx_type(), receipt));
-        // `commit_iter` applies each account exactly as `commit` does (same cache update, same
-        // transition). Draining keeps the map's table; it and the rest of the result (its
-        // output bytes) stay in `outcome` for their owner to free.
+        // The cache is updated here, as `commit_iter` updates it; the transitions are queued
+        // for the pool to fold, in order per address, as `commit_iter` would fold them
+        // (`transitions.rs`). Draining keeps the map's table; it and the rest of the result
+        // (its output bytes) stay in `outcome` for their owner to free.
         let db = executor.evm.db_mut();
         // The speculator shed the accounts' `original_info` (`spec::shed_original_info`),
         // which `revm::State` reads only for an account missing from its cache, and its
@@ -382,7 +437,20 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 .all(|(address, a)| !a.is_touched() || db.cache.accounts.contains_key(address)),
             "a touched account of transaction {k} is missing from the committed cache"
         );
-        db.commit_iter(&mut exec.state.drain());
+        // Without a state hook and a block-access-list builder (checked above), `commit_iter`
+        // is exactly this cache update and fold.
+        debug_assert!(db.state_hook.is_none());
+        if self.queue_transitions {
+            let transitions = &mut self.transitions;
+            for (address, transition) in db.cache.apply_evm_state(exec.state.drain(), |_, _| {}) {
+                // The storage is the transaction's own map, moved (`apply_evm_state` borrows
+                // nothing).
+                let transition = transition.map_storage(|s| s.map(Cow::into_owned));
+                transitions.push(address, Pending::Evm(transition));
+            }
+        } else {
+            db.commit_iter(&mut exec.state.drain());
+        }
         self.recycle(outcome);
         Ok(())
     }
@@ -411,6 +479,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 )
             }
         };
+        let (transitions, queue) = (self.transitions.shared(), self.queue_transitions);
         let db = self.executor.evm.db_mut();
         pending.retain_mut(|p| {
             if !p.cache_done
@@ -423,14 +492,19 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 account.storage.reserve(p.slots);
                 p.cache_done = true;
             }
-            if !p.transition_done
-                && let Some(transition) = db
+            if !p.transition_done {
+                p.transition_done = if queue {
+                    transitions.reserve_storage(p.address, p.slots)
+                } else if let Some(transition) = db
                     .transition_state
                     .as_mut()
                     .and_then(|t| t.transitions.get_mut(&p.address))
-            {
-                transition.storage.reserve(p.slots);
-                p.transition_done = true;
+                {
+                    transition.storage.reserve(p.slots);
+                    true
+                } else {
+                    false
+                };
             }
             !(p.cache_done && p.transition_done)
         });
@@ -553,6 +627,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         if self.sched.is_sequential() {
             // Nothing speculates in this block any more, so nothing reads the memory: commit
             // exactly as the sequential executor does.
+            self.hand_back_transitions();
             self.executor.execute_transaction(tx)?;
             return Ok(());
         }
@@ -575,6 +650,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             mv.write(k, 1, &writes, &stale);
         }
         self.executor.commit_transaction(output);
+        self.queue_state_transitions();
         Ok(())
     }
 }

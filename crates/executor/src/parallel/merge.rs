@@ -142,20 +142,23 @@ struct Reverts {
 /// The present account of every transition, as the vacant-entry branch of
 /// `BundleState::apply_transitions_and_create_reverts` builds it (kept there only when the
 /// transition has a revert; [`into_bundle`] removes the others).
-fn presents(transitions: &AddressMap<TransitionAccount>) -> Presents {
+fn presents(maps: &[TransitionState]) -> Presents {
+    let len = maps.iter().map(|m| m.transitions.len()).sum();
     let mut part = Presents {
-        // The transitions' own hasher: walked in table order, the transitions then land in
-        // the same order in a table of the same size, so the ≈ 200-byte accounts are written
-        // one after another instead of all over 3 MB (each map has its own random seed; with
-        // a fresh one the presents took 2.6–3.1 ms of a 6,000-transfer block, with this one
-        // 1.6–1.7).
+        // The transitions' own hasher (the maps share one): walked in table order, the
+        // transitions then land in the same order in a table of the same hasher, so the
+        // ≈ 200-byte accounts are written one after another instead of all over 3 MB (each
+        // map has its own random seed; with a fresh one the presents took 2.6–3.1 ms of a
+        // 6,000-transfer block, with this one 1.6–1.7).
         accounts: AddressMap::with_capacity_and_hasher(
-            transitions.len(),
-            transitions.hasher().clone(),
+            len,
+            maps.first()
+                .map(|m| m.transitions.hasher().clone())
+                .unwrap_or_default(),
         ),
         ..Presents::default()
     };
-    for (address, transition) in transitions {
+    for (address, transition) in maps.iter().flat_map(|m| &m.transitions) {
         if let Some((hash, code)) = transition.has_new_contract() {
             part.contracts.push((hash, code.clone()));
         }
@@ -168,9 +171,12 @@ fn presents(transitions: &AddressMap<TransitionAccount>) -> Presents {
 
 /// The revert of every transition, in address order, built from the transitions in place (the
 /// other thread reads them meanwhile; see [`revert_of`]).
-fn reverts(transitions: &AddressMap<TransitionAccount>) -> Reverts {
-    let mut sorted: Vec<(Address, &TransitionAccount)> =
-        transitions.iter().map(|(a, t)| (*a, t)).collect();
+fn reverts(maps: &[TransitionState]) -> Reverts {
+    let mut sorted: Vec<(Address, &TransitionAccount)> = maps
+        .iter()
+        .flat_map(|m| &m.transitions)
+        .map(|(a, t)| (*a, t))
+        .collect();
     // Sorting the 28-byte references, not the reverts, keeps the sort cheap.
     sorted.sort_unstable_by_key(|(address, _)| *address);
     let mut part = Reverts {
@@ -197,52 +203,51 @@ fn reverts(transitions: &AddressMap<TransitionAccount>) -> Reverts {
     part
 }
 
-/// Merges `state`'s transitions into its bundle with reverts (`BundleRetention::Reverts`) and
-/// takes the bundle, using `pool` for half of the work. The result equals
-/// `merge_transitions(Reverts)` + `take_bundle()` with the reverts in canonical order and
-/// without the cached code in their account infos (see [`revert_of`]). The second value is the
-/// consumed transitions, for the caller to drop off the critical path.
+/// Merges a block's transitions, `maps` (each address in one of them at most), into
+/// `state`'s bundle with reverts (`BundleRetention::Reverts`) and takes the bundle, using
+/// `pool` for half of the work. The result equals `merge_transitions(Reverts)` + `take_bundle()`
+/// on a `State` holding those transitions, with the reverts in canonical order and without the
+/// cached code in their account infos (see [`revert_of`]). The second value is the consumed
+/// transitions, for the caller to drop off the critical path.
 pub(crate) fn merge_and_take<DB: revm::Database>(
     pool: &rayon::ThreadPool,
     state: &mut State<DB>,
-) -> (BundleState, TransitionState) {
-    let transitions = state
-        .transition_state
-        .as_mut()
-        .map(TransitionState::take)
-        .unwrap_or_default();
+    maps: Vec<TransitionState>,
+) -> (BundleState, Vec<TransitionState>) {
     if !state.bundle_state.is_empty()
         || !state.bundle_state.reverts.is_empty()
         || !state.bundle_state.contracts.is_empty()
     {
         // Not a fresh block state: let revm merge into what is there.
-        state
+        let transitions = &mut state
             .transition_state
             .get_or_insert_with(TransitionState::default)
-            .transitions
-            .extend(transitions.transitions);
+            .transitions;
+        for map in maps {
+            transitions.extend(map.transitions);
+        }
         state.merge_transitions(BundleRetention::Reverts);
         let mut bundle = state.take_bundle();
         crate::canonical_reverts(&mut bundle);
-        return (bundle, TransitionState::default());
+        return (bundle, Vec::new());
     }
-    let map = &transitions.transitions;
-    let bundle = if map.len() < PARALLEL_MERGE_MIN {
+    let len: usize = maps.iter().map(|m| m.transitions.len()).sum();
+    let bundle = if len < PARALLEL_MERGE_MIN {
         // Waking the pool thread costs more than half of a small merge.
-        into_bundle(presents(map), reverts(map))
+        into_bundle(presents(&maps), reverts(&maps))
     } else {
         // The reverts on the pool thread, the presents here (`ThreadPool::join` would run both
         // on the pool while this thread waits).
         let mut reverts_part = None;
         let presents_part = pool.in_place_scope(|scope| {
-            scope.spawn(|_| reverts_part = Some(reverts(map)));
-            presents(map)
+            scope.spawn(|_| reverts_part = Some(reverts(&maps)));
+            presents(&maps)
         });
         // The scope returns only after its spawned job ran.
-        let reverts_part = reverts_part.unwrap_or_else(|| reverts(map));
+        let reverts_part = reverts_part.unwrap_or_else(|| reverts(&maps));
         into_bundle(presents_part, reverts_part)
     };
-    (bundle, transitions)
+    (bundle, maps)
 }
 
 /// The bundle of the two halves of one set of transitions.
@@ -360,8 +365,9 @@ mod tests {
             reference.merge_transitions(BundleRetention::Reverts);
             let mut expected = reference.take_bundle();
             crate::canonical_reverts(&mut expected);
-            let (bundle, transitions) = merge_and_take(&pool, &mut ours);
-            assert!(transitions.transitions.len() > n / 2, "n = {n}");
+            let maps = vec![ours.transition_state.take().unwrap_or_default()];
+            let (bundle, transitions) = merge_and_take(&pool, &mut ours, maps);
+            assert!(transitions[0].transitions.len() > n / 2, "n = {n}");
             assert_eq!(bundle, expected, "n = {n}");
             // `BundleState`'s equality ignores the reverts' order; the canonical order is part
             // of the contract.

@@ -24,6 +24,7 @@ mod mv;
 mod recycle;
 mod sched;
 mod spec;
+mod transitions;
 
 pub use commit::CommitStats;
 
@@ -49,7 +50,7 @@ use std::{
     panic::{AssertUnwindSafe, catch_unwind},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
@@ -115,7 +116,36 @@ pub struct ParallelConfig {
     /// before a worker gets to them, go through speculation, validation and the speculative
     /// commit.
     pub speculate_all: bool,
+    /// Which thread folds each committed transaction's state changes into the block's
+    /// transitions, the input of the bundle.
+    pub transition_folding: TransitionFolding,
 }
+
+/// Which thread folds the committed transactions' state changes into the block's transitions
+/// (see `transitions.rs`). The committer must update `revm::State`'s cache in order; the fold
+/// can wait. On the committer it costs 16–26 % of the committer's time per validated
+/// transaction (`exec_bench` on 2 cores: ERC20 1.20–1.30 µs against 0.99–1.01, Uniswap 4.3–4.4
+/// against 3.3), and the committer's time caps the speedup on many threads. On the pool it costs
+/// more in all (the fold reads what another core wrote): on 2 threads, whose worker has no time
+/// to spare, parallel wall time went up 1–25 % (BENCHMARKS.md, twenty-ninth round).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TransitionFolding {
+    /// On the pool when, in the last parallel block, the pool threads had at least
+    /// [`POOL_FOLDING_SPARE`] of their time to spare; on the committer otherwise (and in the
+    /// first block).
+    #[default]
+    Auto,
+    /// On the committer, in `revm::State::commit`, as the sequential executor does.
+    Committer,
+    /// On the pool threads, in their spare time, and on every thread at the block's end.
+    Pool,
+}
+
+/// The share of the pool threads' time that, spare in one parallel block, has the next fold its
+/// transitions on the pool under [`TransitionFolding::Auto`]. Folding when there is nothing to
+/// execute counts as spare time, so a block that folds on the pool keeps doing so while its
+/// threads would otherwise wait.
+pub const POOL_FOLDING_SPARE: f64 = 0.25;
 
 /// How many parallel blocks a contract whose calls conflicted often keeps its calls chained from
 /// the start of a block. After that they run unordered again until they conflict again: a
@@ -137,6 +167,7 @@ impl Default for ParallelConfig {
             chain_fallback: true,
             learn_conflicts: true,
             speculate_all: false,
+            transition_folding: TransitionFolding::Auto,
         }
     }
 }
@@ -163,6 +194,9 @@ pub struct ParallelExecutor {
     /// Blocks whose data a pool thread is still freeing after `execute` returned (see
     /// [`ParallelExecutor::wait_for_freeing`]).
     freeing: Arc<AtomicUsize>,
+    /// [`TransitionFolding::Auto`]'s choice for the next block: whether the pool threads had
+    /// time to spare in the last parallel block.
+    fold_on_pool: AtomicBool,
 }
 
 /// What a [`ParallelExecutor`] learned from the blocks it executed (see
@@ -172,6 +206,7 @@ pub struct ParallelExecutor {
 pub struct Learned {
     conflicts: HashMap<Address, u32>,
     written_per_mille: usize,
+    fold_on_pool: bool,
 }
 
 /// One block's data being freed on the pool: counted in [`ParallelExecutor::freeing`] from
@@ -211,6 +246,7 @@ impl ParallelExecutor {
             learned: Mutex::new(HashMap::default()),
             written_per_mille: AtomicUsize::new(1_000),
             freeing: Arc::default(),
+            fold_on_pool: AtomicBool::new(false),
         }
     }
 
@@ -258,6 +294,7 @@ impl ParallelExecutor {
         Learned {
             conflicts: lock(&self.learned).clone(),
             written_per_mille: self.written_per_mille.load(Ordering::Relaxed),
+            fold_on_pool: self.fold_on_pool.load(Ordering::Relaxed),
         }
     }
 
@@ -268,6 +305,8 @@ impl ParallelExecutor {
         *lock(&self.learned) = learned.conflicts;
         self.written_per_mille
             .store(learned.written_per_mille, Ordering::Relaxed);
+        self.fold_on_pool
+            .store(learned.fold_on_pool, Ordering::Relaxed);
     }
 
     /// Ages what was learned by one block and adds the contracts whose calls were chained in
@@ -317,6 +356,19 @@ impl ParallelExecutor {
 
         let mut state = block_state(db, block);
         let n = block.transactions.len();
+        // The shards share the block state's hasher (see `Transitions::new`).
+        let hasher = state
+            .transition_state
+            .as_ref()
+            .map(|t| t.transitions.hasher().clone())
+            .unwrap_or_default();
+        let fold_on_pool = match self.config.transition_folding {
+            TransitionFolding::Auto => self.fold_on_pool.load(Ordering::Relaxed),
+            TransitionFolding::Committer => false,
+            TransitionFolding::Pool => true,
+        };
+        // Unused unless the pool folds: then without room, which would cost megabytes a block.
+        let transitions = transitions::Transitions::new(if fold_on_pool { n } else { 0 }, &hasher);
         let evm = EthEvmFactory::default().create_evm(&mut state, env.clone());
         let mut executor = EthBlockExecutor::new(
             evm,
@@ -343,17 +395,29 @@ impl ParallelExecutor {
         let workers = self.config.threads - 1;
 
         let mut stats = None;
+        // Whether the committed transitions were still queued at the block's end (not handed
+        // back to `revm::State` by a switch to sequential).
+        let mut queued = fold_on_pool;
         let recycler = recycle::Recycler::default();
         let committed = pool.in_place_scope(|scope| {
-            for _ in 0..workers {
+            for index in 0..workers {
                 let (sched, shared, env, recycler) = (&sched, &shared, env.clone(), &recycler);
+                let transitions = &transitions;
                 // The first worker (the only one to find the job) builds the hints while the
                 // committer runs the system calls and starts executing the first transactions
                 // exactly: both cores are busy from the start.
                 let hint_job = hint_job.take();
                 scope.spawn(move |_| {
                     let run = catch_unwind(AssertUnwindSafe(|| {
-                        worker(sched, shared, block, env, hint_job, recycler);
+                        let ctx = WorkerCtx {
+                            sched,
+                            shared,
+                            block,
+                            recycler,
+                            transitions: fold_on_pool.then_some(transitions),
+                            index,
+                        };
+                        worker(ctx, env, hint_job);
                     }));
                     if let Err(panic) = run {
                         sched.record_panic(panic_message(panic.as_ref()));
@@ -379,12 +443,15 @@ impl ParallelExecutor {
                     spent: Vec::new(),
                     presize: None,
                     speculate_all: self.config.speculate_all,
+                    transitions: transitions.writer(),
+                    queue_transitions: fold_on_pool,
                 };
                 let result = committer.run();
                 stats = Some(CommitStats {
                     start_ns,
                     ..committer.stats
                 });
+                queued = committer.queue_transitions;
                 recycler.give_all(&mut committer.spent);
                 result
             }));
@@ -404,12 +471,32 @@ impl ParallelExecutor {
         if let Some(per_mille) = (mv.locations() * 1_000).checked_div(n) {
             self.written_per_mille.store(per_mille, Ordering::Relaxed);
         }
+        // A block that went sequential says nothing about the pool's spare time.
+        let pool_ns = started.elapsed().as_nanos() as f64 * workers as f64;
+        if !sched.is_sequential() && pool_ns > 0.0 {
+            let spare = sched.spare_ns() as f64 / pool_ns;
+            self.fold_on_pool
+                .store(spare >= POOL_FOLDING_SPARE, Ordering::Relaxed);
+        }
         committed?;
         let finishing = std::time::Instant::now();
         let result = executor.apply_post_execution_changes()?;
-        let (bundle, transitions) = merge::merge_and_take(pool, &mut state);
+        let block_transitions = state.transition_state.get_or_insert_with(Default::default);
+        let folded = if queued {
+            // The post-block changes (system calls, balance increments) are folded by
+            // `revm::State` together, as one commit's (see `Transitions::push_folded`): they
+            // change different accounts, or (a withdrawal to a system contract) add a balance
+            // change to a storage change, which folds the same either way.
+            transitions.push_folded(block_transitions);
+            transitions.fold_all(pool)
+        } else {
+            vec![std::mem::take(block_transitions)]
+        };
+        let (bundle, transitions) = merge::merge_and_take(pool, &mut state, folded);
         let stats = stats.map(|s| CommitStats {
             finish_ns: finishing.elapsed().as_nanos() as u64,
+            pool_spare_ns: sched.spare_ns(),
+            pool_folded: queued,
             ..s
         });
         *lock(&self.last_stats) = stats;
@@ -486,17 +573,35 @@ struct HintJob {
     learned: Option<hints::Learned>,
 }
 
+/// What a pool thread shares with the block's other threads.
+struct WorkerCtx<'a, DB> {
+    sched: &'a Scheduler,
+    shared: &'a SpecShared<'a, DB>,
+    block: &'a RecoveredBlock,
+    recycler: &'a recycle::Recycler,
+    /// The block's transitions, when the pool folds them.
+    transitions: Option<&'a transitions::Transitions>,
+    /// This worker's place among the pool threads (where its folding starts).
+    index: usize,
+}
+
 /// A pool thread's loop for one block: take a transaction, execute it speculatively, publish
 /// its writes, continue with a dependant it released (chains stay on one thread). With a
 /// `hint_job`, it first builds and publishes the block's hints.
+/// Between transactions, and when it has none, it folds committed transitions.
 fn worker<DB: StateReader>(
-    sched: &Scheduler,
-    shared: &SpecShared<'_, DB>,
-    block: &RecoveredBlock,
+    ctx: WorkerCtx<'_, DB>,
     env: alloy_evm::EvmEnv,
     hint_job: Option<HintJob>,
-    recycler: &recycle::Recycler,
 ) {
+    let WorkerCtx {
+        sched,
+        shared,
+        block,
+        recycler,
+        transitions,
+        index,
+    } = ctx;
     if let Some(job) = hint_job {
         let hints = hints::build(
             &block.transactions,
@@ -517,8 +622,22 @@ fn worker<DB: StateReader>(
     let mut next = None;
     while !sched.stopped() && !sched.is_sequential() {
         recycler.free_returned();
+        // A backlog is folded before the next transaction. That is not spare time: a pool
+        // whose threads fold only so is too busy to keep folding for the committer.
+        if let Some(transitions) = transitions
+            && transitions.worth_folding()
+        {
+            transitions.fold_some(index);
+        }
         let Some(j) = next.take().or_else(|| sched.next_task()) else {
-            sched.idle_wait();
+            // Nothing to execute: fold the committed transitions (spare time, see
+            // `Scheduler::spare_ns`), or wait.
+            let since = std::time::Instant::now();
+            if transitions.is_some_and(|t| t.fold_some(index)) {
+                sched.add_spare(since);
+            } else {
+                sched.idle_wait();
+            }
             continue;
         };
         let Some(hints) = sched.hints() else {

@@ -15,10 +15,10 @@ use std::{
     collections::BinaryHeap,
     sync::{
         Condvar, Mutex, MutexGuard, OnceLock, PoisonError,
-        atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering, fence},
+        atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence},
     },
     thread::Thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 pub(crate) const PENDING: u8 = 0;
@@ -78,6 +78,9 @@ pub(crate) struct Scheduler {
     wake_committer_at: AtomicUsize,
     /// The transaction the committer waits for (meaningful while `wake_committer_at` is set).
     awaited: AtomicUsize,
+    /// Nanoseconds the pool threads had to spare: waiting with nothing to execute, or folding
+    /// transitions (see [`Self::spare_ns`]).
+    spare_ns: AtomicU64,
 }
 
 impl Scheduler {
@@ -100,7 +103,21 @@ impl Scheduler {
             committer,
             wake_committer_at: AtomicUsize::new(usize::MAX),
             awaited: AtomicUsize::new(usize::MAX),
+            spare_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Adds a pool thread's spare time since `since`.
+    pub(crate) fn add_spare(&self, since: Instant) {
+        self.spare_ns
+            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The pool threads' spare time so far, summed: waiting with nothing to execute, and
+    /// folding the committer's transitions instead (work they take for having time to spare,
+    /// so that moving it to them does not make their time look taken).
+    pub(crate) fn spare_ns(&self) -> u64 {
+        self.spare_ns.load(Ordering::Relaxed)
     }
 
     /// Publishes the hints: speculation may start.
@@ -296,6 +313,7 @@ impl Scheduler {
         }
         let ready = lock(&self.ready);
         if ready.is_empty() && !self.stopped() && !self.is_sequential() {
+            let since = Instant::now();
             self.sleepers.fetch_add(1, Ordering::Relaxed);
             let (_ready, _timeout) = self
                 .idle
@@ -303,6 +321,7 @@ impl Scheduler {
                 .unwrap_or_else(PoisonError::into_inner);
             // `_ready` holds the lock again here.
             self.sleepers.fetch_sub(1, Ordering::Relaxed);
+            self.add_spare(since);
         }
     }
 

@@ -22,6 +22,7 @@ use alloy_genesis::{ChainConfig, Genesis};
 use alloy_primitives::{Address, B256, Bytes, Signature, TxKind, U256, keccak256, map::HashMap};
 use overdrive_executor::{
     BlockExecutor, ExecutionError, ParallelConfig, ParallelExecutor, SequentialExecutor,
+    TransitionFolding,
 };
 use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
 use rand::{Rng, SeedableRng, rngs::SmallRng, seq::IndexedRandom};
@@ -1162,9 +1163,10 @@ fn brief(result: &Result<overdrive_executor::BlockOutput, ExecutionError>) -> St
 
 /// A parallel executor that runs every block with a transaction in parallel, whatever its gas.
 /// With 3 or 4 threads it also speculates blocks that are one long chain (which the default
-/// hands to the committer alone), so that path stays tested; with 4 the committer never runs
-/// ahead of speculation (`speculate_all`), so every transaction goes through validation and a
-/// test can count on speculative results being committed whatever the timing.
+/// hands to the committer alone), so that path stays tested, and folds the state transitions
+/// on the pool (which 2 threads seldom choose); with 4 the committer never runs ahead of
+/// speculation (`speculate_all`), so every transaction goes through validation and a test can
+/// count on speculative results being committed whatever the timing.
 pub fn parallel(threads: usize) -> ParallelExecutor {
     ParallelExecutor::new(test_config(threads))
 }
@@ -1177,6 +1179,11 @@ pub fn test_config(threads: usize) -> ParallelConfig {
         min_gas_for_parallel: 0,
         chain_fallback: !matches!(threads, 3 | 4),
         speculate_all: threads == 4,
+        transition_folding: if matches!(threads, 3 | 4) {
+            TransitionFolding::Pool
+        } else {
+            TransitionFolding::Auto
+        },
         ..Default::default()
     }
 }
