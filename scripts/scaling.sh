@@ -14,6 +14,10 @@
 # `--co-run-reference`, as many one-thread tries side by side, in brackets after (c)/(d)).
 # Multi-thread exec cells end with the committer bound in braces (`committer_bound`: sequential
 # time over the committing thread's serial time, the speedup no thread count passes).
+# FOLDING=auto|committer|pool passes `--transition-folding` to every exec run (default: the
+# benchmark's, auto); multi-thread cells then add, after a slash, in how many of the 5 blocks
+# the pool folded the state transitions. Running the exec table with FOLDING=committer and
+# with FOLDING=auto compares the two on one machine.
 #
 # On the lent 16-core machine (BENCHMARKS.md, twenty-eighth round) each core ran these
 # workloads at about half this VM's speed: the nine workloads' exec table took over 6 minutes
@@ -27,6 +31,7 @@ WORKLOADS="${WORKLOADS-erc20 uniswap transfer hybrid chained allowance router co
 COMPUTE_TXS="${COMPUTE_TXS:-200}"
 TRIE_ACCOUNTS="${TRIE_ACCOUNTS-100000 1000000}"
 SPLIT="${SPLIT:-0}"
+FOLDING="${FOLDING:-}"
 # A number with two decimals, and a quotient (awk: bc is not on every machine).
 fmt() { awk -v x="$1" 'BEGIN { printf "%.2f", x }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
@@ -50,12 +55,15 @@ if [[ -n "${WORKLOADS// }" ]]; then
     row="| $w |"
     for t in $THREADS; do
       EXEC_EXTRA=""
-      if [[ "$SPLIT" == 1 ]] && (( t > 1 )); then EXEC_EXTRA="--split-reference"; fi
+      split=0
+      if [[ "$SPLIT" == 1 ]] && (( t > 1 )); then EXEC_EXTRA="--split-reference"; split=1; fi
+      if [[ -n "$FOLDING" ]]; then EXEC_EXTRA+=" --transition-folding $FOLDING"; fi
       if [[ "$w" == compute ]]; then bench_exec "$w" "$t" "$COMPUTE_TXS"; else bench_exec "$w" "$t"; fi
       cell="$(fmt "$(field speedup "$JSON")") ($(fmt "$(field cpu_ratio "$JSON")"))"
-      if [[ -n "$EXEC_EXTRA" ]]; then cell+=" [$(fmt "$(field split_speedup "$JSON")")]"; fi
+      if [[ "$split" == 1 ]]; then cell+=" [$(fmt "$(field split_speedup "$JSON")")]"; fi
       bound=$(field committer_bound "$JSON" || true)  # absent on one thread
       if [[ -n "$bound" ]]; then cell+=" {$(fmt "$bound")}"; fi
+      if [[ -n "$FOLDING" ]] && (( t > 1 )); then cell+=" /$(field pool_folded_blocks "$JSON")"; fi
       row+=" $cell |"
     done
     echo "$row"
