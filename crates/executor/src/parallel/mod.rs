@@ -483,10 +483,12 @@ impl ParallelExecutor {
         let result = executor.apply_post_execution_changes()?;
         let block_transitions = state.transition_state.get_or_insert_with(Default::default);
         let folded = if queued {
-            // The post-block changes (system calls, balance increments) are folded by
-            // `revm::State` together, as one commit's (see `Transitions::push_folded`): they
-            // change different accounts, or (a withdrawal to a system contract) add a balance
-            // change to a storage change, which folds the same either way.
+            // The post-block changes (system calls, the DAO drain, balance increments) are
+            // folded by `revm::State` together, as one commit's (see
+            // `Transitions::push_folded`). That equals folding them one by one: they change
+            // storage in different system contracts, and the balance changes carry no
+            // storage. The one case that folds differently, an account destroyed and changed
+            // again within them, needs an empty account, which has no storage to clear.
             transitions.push_folded(block_transitions);
             transitions.fold_all(pool)
         } else {
@@ -633,6 +635,7 @@ fn worker<DB: StateReader>(
             // Nothing to execute: fold the committed transitions (spare time, see
             // `Scheduler::spare_ns`), or wait.
             let since = std::time::Instant::now();
+            sched.wake_waiting_committer();
             if transitions.is_some_and(|t| t.fold_some(index)) {
                 sched.add_spare(since);
             } else {

@@ -107,6 +107,14 @@ impl Scheduler {
         }
     }
 
+    /// Wakes the committer if it waits for a batch of results: a pool thread with nothing to
+    /// execute will not finish one, so it would sleep out its timeout.
+    pub(crate) fn wake_waiting_committer(&self) {
+        if self.wake_committer_at.swap(usize::MAX, Ordering::AcqRel) != usize::MAX {
+            self.committer.unpark();
+        }
+    }
+
     /// Adds a pool thread's spare time since `since`.
     pub(crate) fn add_spare(&self, since: Instant) {
         self.spare_ns
@@ -308,9 +316,7 @@ impl Scheduler {
     /// A worker with nothing to do waits for work or the end of the block. Before sleeping it
     /// wakes the committer, which may be waiting for a batch that will not fill.
     pub(crate) fn idle_wait(&self) {
-        if self.wake_committer_at.swap(usize::MAX, Ordering::AcqRel) != usize::MAX {
-            self.committer.unpark();
-        }
+        self.wake_waiting_committer();
         let ready = lock(&self.ready);
         if ready.is_empty() && !self.stopped() && !self.is_sequential() {
             let since = Instant::now();
