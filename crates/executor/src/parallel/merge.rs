@@ -270,7 +270,7 @@ fn into_bundle(presents: Presents, reverts: Reverts) -> BundleState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use alloy_primitives::{U256, keccak256};
     use revm::{
@@ -287,25 +287,38 @@ mod tests {
             .unwrap()
     }
 
-    /// A block's `State` after two transactions' commits over `n` accounts: half of them exist
-    /// beforehand, some get storage (one many slots), some are touched without a change, some
-    /// are created with code, one is self-destructed.
-    fn state_after_block(n: usize) -> State<InMemoryDB> {
+    /// A block's `State` over accounts that exist beforehand: the `i`-th of `addresses` with
+    /// balance 1,000 + `i` and nonce 1, and slots 0..`slots` holding 0, 1, 0, …
+    pub(in crate::parallel) fn funded_state(
+        addresses: impl Iterator<Item = Address>,
+        slots: u64,
+    ) -> State<InMemoryDB> {
         let mut db = InMemoryDB::default();
-        for i in (0..n).step_by(2) {
+        for (i, address) in addresses.enumerate() {
             db.insert_account_info(
-                address(i),
+                address,
                 AccountInfo {
                     balance: U256::from(1_000 + i),
                     nonce: 1,
                     ..AccountInfo::default()
                 },
             );
+            for s in 0..slots {
+                db.insert_account_storage(address, U256::from(s), U256::from(s % 2))
+                    .expect("an in-memory database");
+            }
         }
-        let mut state = State::builder()
+        State::builder()
             .with_database(db)
             .with_bundle_update()
-            .build();
+            .build()
+    }
+
+    /// A block's `State` after two transactions' commits over `n` accounts: half of them exist
+    /// beforehand, some get storage (one many slots), some are touched without a change, some
+    /// are created with code, one is self-destructed.
+    fn state_after_block(n: usize) -> State<InMemoryDB> {
+        let mut state = funded_state((0..n).step_by(2).map(address), 0);
         for round in 0..2u64 {
             let mut changes = EvmState::default();
             for i in 0..n {

@@ -634,13 +634,15 @@ fn worker<DB: StateReader>(
         let Some(j) = next.take().or_else(|| sched.next_task()) else {
             // Nothing to execute: fold the committed transitions (spare time, see
             // `Scheduler::spare_ns`), or wait.
-            let since = std::time::Instant::now();
-            sched.wake_waiting_committer();
-            if transitions.is_some_and(|t| t.fold_some(index)) {
-                sched.add_spare(since);
-            } else {
-                sched.idle_wait();
+            if let Some(transitions) = transitions {
+                let since = std::time::Instant::now();
+                sched.wake_waiting_committer();
+                if transitions.fold_some(index) {
+                    sched.add_spare(since);
+                    continue;
+                }
             }
+            sched.idle_wait();
             continue;
         };
         let Some(hints) = sched.hints() else {

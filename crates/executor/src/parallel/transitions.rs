@@ -77,6 +77,17 @@ struct Shard {
     folded: Mutex<TransitionState>,
 }
 
+impl Shard {
+    /// Takes the queue and folds it into `folded`, this shard's locked map (the lock held
+    /// across both keeps batches in queue order); returns how many transitions it folded.
+    fn fold_queue(&self, folded: &mut TransitionState) -> usize {
+        let batch = std::mem::take(&mut *lock(&self.queue));
+        let len = batch.len();
+        fold_batch(folded, batch);
+        len
+    }
+}
+
 /// The block's transitions, sharded by address (see the module comment).
 #[derive(Debug)]
 pub(crate) struct Transitions {
@@ -154,13 +165,11 @@ impl Transitions {
             let Ok(mut folded) = shard.folded.try_lock() else {
                 continue;
             };
-            let batch = std::mem::take(&mut *lock(&shard.queue));
-            if batch.is_empty() {
-                continue;
+            let count = shard.fold_queue(&mut folded);
+            if count > 0 {
+                self.queued.fetch_sub(count, Ordering::Relaxed);
+                any = true;
             }
-            self.queued.fetch_sub(batch.len(), Ordering::Relaxed);
-            fold_batch(&mut folded, batch);
-            any = true;
         }
         any
     }
@@ -175,9 +184,7 @@ impl Transitions {
                 let Some(shard) = self.shards.get(i) else {
                     break;
                 };
-                let mut folded = lock(&shard.folded);
-                let batch = std::mem::take(&mut *lock(&shard.queue));
-                fold_batch(&mut folded, batch);
+                shard.fold_queue(&mut lock(&shard.folded));
             }
         };
         if self.queued.load(Ordering::Relaxed) >= FOLD_WHEN_QUEUED {
@@ -202,8 +209,7 @@ impl Transitions {
         self.push_folded(state);
         for shard in &self.shards {
             let mut folded = lock(&shard.folded);
-            let batch = std::mem::take(&mut *lock(&shard.queue));
-            fold_batch(&mut folded, batch);
+            shard.fold_queue(&mut folded);
             state.transitions.extend(folded.transitions.drain());
         }
         self.queued.store(0, Ordering::Relaxed);
@@ -327,7 +333,7 @@ mod tests {
         Database, DatabaseCommit,
         bytecode::Bytecode,
         database::{InMemoryDB, State},
-        state::{Account, AccountInfo, EvmState},
+        state::{Account, EvmState},
     };
 
     fn address(i: usize) -> Address {
@@ -381,25 +387,7 @@ mod tests {
     }
 
     fn db(n: usize) -> State<InMemoryDB> {
-        let mut db = InMemoryDB::default();
-        for i in (0..n).step_by(2) {
-            db.insert_account_info(
-                address(i),
-                AccountInfo {
-                    balance: U256::from(1_000 + i),
-                    nonce: 1,
-                    ..AccountInfo::default()
-                },
-            );
-            for s in 0..3 {
-                db.insert_account_storage(address(i), U256::from(s), U256::from(s % 2))
-                    .unwrap();
-            }
-        }
-        State::builder()
-            .with_database(db)
-            .with_bundle_update()
-            .build()
+        crate::parallel::merge::tests::funded_state((0..n).step_by(2).map(address), 3)
     }
 
     /// Queued and folded, by either path and with a hand-back to `revm::State` midway, the
