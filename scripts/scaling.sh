@@ -18,6 +18,9 @@
 # benchmark's, auto); multi-thread cells then add, after a slash, in how many of the 5 blocks
 # the pool folded the state transitions. Running the exec table with FOLDING=committer and
 # with FOLDING=auto compares the two on one machine.
+# Multi-thread exec cells end with <I R>: per block, the speculative results that failed
+# validation (each re-executed by the committer) and those the pool executed again first.
+# RESPECULATE=0 passes `--no-respeculate` (R is then 0).
 #
 # On the lent 16-core machine (BENCHMARKS.md, twenty-eighth round) each core ran these
 # workloads at about half this VM's speed: the nine workloads' exec table took over 6 minutes
@@ -32,6 +35,7 @@ COMPUTE_TXS="${COMPUTE_TXS:-200}"
 TRIE_ACCOUNTS="${TRIE_ACCOUNTS-100000 1000000}"
 SPLIT="${SPLIT:-0}"
 FOLDING="${FOLDING:-}"
+RESPECULATE="${RESPECULATE:-1}"
 # A number with two decimals, and a quotient (awk: bc is not on every machine).
 fmt() { awk -v x="$1" 'BEGIN { printf "%.2f", x }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
@@ -58,12 +62,16 @@ if [[ -n "${WORKLOADS// }" ]]; then
       split=0
       if [[ "$SPLIT" == 1 ]] && (( t > 1 )); then EXEC_EXTRA="--split-reference"; split=1; fi
       if [[ -n "$FOLDING" ]]; then EXEC_EXTRA+=" --transition-folding $FOLDING"; fi
+      if [[ "$RESPECULATE" == 0 ]]; then EXEC_EXTRA+=" --no-respeculate"; fi
       if [[ "$w" == compute ]]; then bench_exec "$w" "$t" "$COMPUTE_TXS"; else bench_exec "$w" "$t"; fi
       cell="$(fmt "$(field speedup "$JSON")") ($(fmt "$(field cpu_ratio "$JSON")"))"
       if [[ "$split" == 1 ]]; then cell+=" [$(fmt "$(field split_speedup "$JSON")")]"; fi
       bound=$(field committer_bound "$JSON" || true)  # absent on one thread
       if [[ -n "$bound" ]]; then cell+=" {$(fmt "$bound")}"; fi
       if [[ -n "$FOLDING" ]] && (( t > 1 )); then cell+=" /$(field pool_folded_blocks "$JSON")"; fi
+      if (( t > 1 )); then
+        cell+=" <$(field invalid_per_block "$JSON") $(field respeculated_per_block "$JSON")>"
+      fi
       row+=" $cell |"
     done
     echo "$row"

@@ -6,6 +6,7 @@
 //! `BENCH_ONLY=par` or `BENCH_ONLY=seq` times one executor only (for profiling).
 //! `BENCH_FOLDING=pool` or `BENCH_FOLDING=committer` fixes which thread folds the state
 //! transitions (`TransitionFolding`; default `auto`).
+//! `BENCH_RESPECULATE=0` turns off `ParallelConfig::respeculate`.
 //! `BENCH_TRACE=1` prints one line per parallel run, the warm-up's included: the core-to-core
 //! round trip just before it, its wall time and the committer's time per validated
 //! transaction, so that runs can be compared within one regime of the host (see
@@ -60,6 +61,7 @@ fn main() {
     let parallel = ParallelExecutor::new(ParallelConfig {
         threads,
         transition_folding,
+        respeculate: std::env::var("BENCH_RESPECULATE").map_or(true, |v| v != "0"),
         ..Default::default()
     });
 

@@ -17,6 +17,8 @@ const DURATION: &str = "overdrive_executor_block_duration_seconds";
 const VALIDATED: &str = "overdrive_executor_parallel_validated_total";
 const EXACT: &str = "overdrive_executor_parallel_exact_total";
 const HELPED: &str = "overdrive_executor_parallel_helped_total";
+const INVALID: &str = "overdrive_executor_parallel_invalid_total";
+const RESPECULATED: &str = "overdrive_executor_parallel_respeculated_total";
 
 /// Registers the help text and unit of every executor metric with the installed recorder.
 pub fn describe_metrics() {
@@ -49,6 +51,15 @@ pub fn describe_metrics() {
         HELPED,
         "Parallel path: transactions the committer speculated while waiting for another thread"
     );
+    describe_counter!(
+        INVALID,
+        "Parallel path: speculative results that failed validation (re-executed exactly)"
+    );
+    describe_counter!(
+        RESPECULATED,
+        "Parallel path: speculative results a pool thread found stale and executed again \
+         before the committer took them"
+    );
 }
 
 /// Records one `execute` call of `executor`.
@@ -75,6 +86,8 @@ pub(crate) fn record_commit(stats: &CommitStats) {
     counter!(VALIDATED).increment(stats.validated as u64);
     counter!(EXACT).increment(stats.exact as u64);
     counter!(HELPED).increment(stats.helped as u64);
+    counter!(INVALID).increment(stats.invalid as u64);
+    counter!(RESPECULATED).increment(stats.respeculated as u64);
 }
 
 #[cfg(test)]

@@ -162,6 +162,10 @@ pub struct ExecArgs {
     /// block), `committer` or `pool`.
     #[arg(long, value_enum, default_value_t = FoldingArg::Auto)]
     transition_folding: FoldingArg,
+    /// Leave every stale speculative result to the committer's exact re-run, instead of
+    /// having pool threads find and execute such results again first.
+    #[arg(long)]
+    no_respeculate: bool,
     /// Also measure an ideal partitioned executor on every block: the block cut into
     /// `--threads` parts that share no sender and no plain-transfer recipient, each run
     /// sequentially on its own state, one after another and then at once (see `split.rs`).
@@ -208,6 +212,11 @@ struct ExecReport {
     /// Blocks whose every parallel run folded the state transitions on the pool (see
     /// `--transition-folding`).
     pool_folded_blocks: usize,
+    /// Per block, from each block's last parallel run: speculative results that failed
+    /// validation (each executed again by the committer, serially), and results the pool
+    /// executed again first (`--no-respeculate` turns that off).
+    invalid_per_block: f64,
+    respeculated_per_block: f64,
 }
 
 pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
@@ -421,6 +430,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         min_txs_for_parallel: args.min_parallel_txs,
         min_gas_for_parallel: args.min_parallel_gas,
         transition_folding: args.transition_folding.into(),
+        respeculate: !args.no_respeculate,
         ..ParallelConfig::default()
     });
     let mut state = workload.genesis.clone();
@@ -450,6 +460,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     let mut split_sum: Option<SplitTiming> = None;
     let mut committer_serial = Duration::ZERO;
     let mut pool_folded_blocks = 0;
+    let (mut invalid, mut respeculated) = (0usize, 0usize);
     let mut split = if args.split_reference {
         SplitReference::new(args.threads)?
     } else {
@@ -510,11 +521,15 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
             "executed"
         );
         if let Some(stats) = parallel.last_stats() {
+            invalid += stats.invalid;
+            respeculated += stats.respeculated;
             // Where the committing thread's time went: the serial part of the parallel path.
             tracing::debug!(
                 block = block.number(),
                 validated = stats.validated,
                 exact = stats.exact,
+                invalid = stats.invalid,
+                respeculated = stats.respeculated,
                 helped = stats.helped,
                 commit_ms = stats.commit_ns as f64 / 1e6,
                 exact_ms = stats.exact_ns as f64 / 1e6,
@@ -586,6 +601,19 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
             },
         );
     }
+    let (invalid_per_block, respeculated_per_block) =
+        (invalid as f64 / blocks, respeculated as f64 / blocks);
+    if parallel_blocks > 0 {
+        println!(
+            "per block: {invalid_per_block:.1} speculative results failed validation, \
+             {respeculated_per_block:.1} found stale and executed again by the pool{}",
+            if args.no_respeculate {
+                " (--no-respeculate)"
+            } else {
+                ""
+            },
+        );
+    }
     let report = ExecReport {
         bench: "exec",
         workload: args.workload.to_string(),
@@ -603,6 +631,8 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         split_speedup,
         committer_bound,
         pool_folded_blocks,
+        invalid_per_block,
+        respeculated_per_block,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -131,6 +131,9 @@ pub struct CommitStats {
     pub validated: usize,
     /// Transactions re-executed (or executed first) exactly by the committer.
     pub exact: usize,
+    /// Speculative results that failed validation (each re-executed exactly, so counted in
+    /// `exact` too).
+    pub invalid: usize,
     /// Transactions the committer executed speculatively while it waited.
     pub helped: usize,
     /// Nanoseconds spent validating and committing speculative results, the exact re-runs of
@@ -152,6 +155,9 @@ pub struct CommitStats {
     /// Whether the pool folded the block's transitions to the end (not the committer, and not
     /// `revm::State` after a switch to sequential).
     pub pool_folded: bool,
+    /// Speculative results a pool thread found stale and executed again before the committer
+    /// took them (see [`crate::ParallelConfig::respeculate`]).
+    pub respeculated: usize,
 }
 
 impl CommitStats {
@@ -205,7 +211,8 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     ));
                 }
                 match self.sched.status(k) {
-                    DONE => {
+                    // A pool thread may take a result back (DONE → RUNNING) until this claims it.
+                    DONE if self.sched.try_take(k) => {
                         let outcome = self.sched.take_outcome(k).ok_or_else(|| {
                             ExecutionError::Other(format!("transaction {k} has no outcome"))
                         })?;
@@ -253,6 +260,8 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                             self.stats.wait_ns += lap(&mut clock);
                         }
                     },
+                    // Taken back by a pool thread since the status was read.
+                    DONE => {}
                     other => {
                         return Err(ExecutionError::Other(format!(
                             "transaction {k} in unexpected state {other}"
@@ -327,13 +336,14 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         let (lazy, publish) = self.sched.hints().map_or((None, true), |h| {
             (h.lazy_recipient[j as usize], h.publish[j as usize])
         });
-        let outcome = match self.speculator.run(j, tx, lazy, publish) {
+        let outcome = match self.speculator.run(j, tx, lazy, publish, &[]) {
             SpecRun::Done(outcome) => outcome,
             // Only the committer sets estimates and it clears them before helping, so this is
             // not expected; leave the transaction to the exact path rather than wait on itself.
             SpecRun::Blocked(_) => SpecOutcome::failed(Vec::new(), self.speculator.thread()),
         };
         self.sched.finish(j, outcome, false);
+        self.sched.suspect(&self.speculator.next_writers);
     }
 
     /// The block gas-limit rule of `execute_transaction_without_commit`, applied in order.
@@ -390,6 +400,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             hints.call_checked(k, !valid);
         }
         if !valid {
+            self.stats.invalid += 1;
             let result = self.commit_exact(k, &outcome.written);
             self.recycle(outcome);
             return result;
@@ -647,7 +658,10 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             .hints()
             .is_none_or(|h| h.publish[k as usize] || !written.is_empty());
         if publish {
-            mv.write(k, 1, &writes, &stale);
+            let mut next_writers = Vec::new();
+            let collect = self.shared.respeculate.then_some(&mut next_writers);
+            mv.write(k, 1, &writes, &stale, collect);
+            self.sched.suspect(&next_writers);
         }
         self.executor.commit_transaction(output);
         self.queue_state_transitions();

@@ -39,7 +39,7 @@ use alloy_evm::{
 };
 use alloy_primitives::{Address, map::HashMap};
 use commit::Committer;
-use mv::MvMemory;
+use mv::{Location, MvMemory, TxIdx};
 use overdrive_primitives::EthereumHardforks;
 use overdrive_primitives::{ChainSpec, RecoveredBlock};
 use overdrive_tasks::{Pinning, worker_pool};
@@ -119,6 +119,10 @@ pub struct ParallelConfig {
     /// Which thread folds each committed transaction's state changes into the block's
     /// transitions, the input of the bundle.
     pub transition_folding: TransitionFolding,
+    /// Pool threads check results that a write below them may have made stale, and execute
+    /// those again before the committer reaches them (see `Scheduler::suspect`). Otherwise the
+    /// committer re-executes every stale result itself, in order.
+    pub respeculate: bool,
 }
 
 /// Which thread folds the committed transactions' state changes into the block's transitions
@@ -168,6 +172,7 @@ impl Default for ParallelConfig {
             learn_conflicts: true,
             speculate_all: false,
             transition_folding: TransitionFolding::Auto,
+            respeculate: true,
         }
     }
 }
@@ -390,8 +395,9 @@ impl ParallelExecutor {
             new_code: &new_code,
             coinbase,
             lazy_coinbase: self.config.lazy_coinbase && lazy_ok,
+            respeculate: self.config.respeculate,
         };
-        let sched = Scheduler::new(n, std::thread::current());
+        let sched = Scheduler::new(n, std::thread::current(), self.config.respeculate);
         let workers = self.config.threads - 1;
 
         let mut stats = None;
@@ -499,6 +505,7 @@ impl ParallelExecutor {
             finish_ns: finishing.elapsed().as_nanos() as u64,
             pool_spare_ns: sched.spare_ns(),
             pool_folded: queued,
+            respeculated: sched.respeculated(),
             ..s
         });
         *lock(&self.last_stats) = stats;
@@ -631,7 +638,15 @@ fn worker<DB: StateReader>(
         {
             transitions.fold_some(index);
         }
-        let Some(j) = next.take().or_else(|| sched.next_task()) else {
+        // A stale result near the committer comes before speculating further ahead.
+        let (next_tx, previous) = match next.take() {
+            Some(j) => (Some(j), Vec::new()),
+            None => match take_stale(sched, shared.mv) {
+                Some((j, previous)) => (Some(j), previous),
+                None => (sched.next_task(), Vec::new()),
+            },
+        };
+        let Some(j) = next_tx else {
             // Nothing to execute: fold the committed transitions (spare time, see
             // `Scheduler::spare_ns`), or wait.
             if let Some(transitions) = transitions {
@@ -652,7 +667,7 @@ fn worker<DB: StateReader>(
         let tx = &block.transactions[j as usize];
         let outcome = loop {
             let (lazy, publish) = (hints.lazy_recipient[j as usize], hints.publish[j as usize]);
-            match speculator.run(j, tx, lazy, publish) {
+            match speculator.run(j, tx, lazy, publish, &previous) {
                 SpecRun::Done(outcome) => break outcome,
                 SpecRun::Blocked(writer) => {
                     // The committer is re-executing `writer`; its new values come within
@@ -667,7 +682,21 @@ fn worker<DB: StateReader>(
             }
         };
         next = sched.finish(j, outcome, true);
+        sched.suspect(&speculator.next_writers);
     }
+}
+
+/// The lowest suspect whose result the multi-version memory now shows stale, taken back for
+/// this thread to execute again, with the locations its stale run published. Suspects found
+/// current are dropped: a later write below them queues them again.
+fn take_stale(sched: &Scheduler, mv: &MvMemory) -> Option<(TxIdx, Vec<Location>)> {
+    while let Some(tx) = sched.next_suspect() {
+        if let Some(mut stale) = sched.reclaim(tx, |o| spec::stale_in(mv, tx, &o.reads)) {
+            // Its allocations may be another thread's; freed here all the same (rare).
+            return Some((tx, std::mem::take(&mut stale.written)));
+        }
+    }
+    None
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -697,6 +726,58 @@ impl BlockExecutor for ParallelExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cascade re-speculation breaks: transaction 1 ran on transaction 0's speculative
+    /// value; the committer's exact run of 0 writes another, which names 1 a suspect, and a
+    /// pool thread finds it stale and takes it back with the location it published.
+    #[test]
+    fn an_exact_rewrite_below_hands_a_stale_result_back_to_the_pool() {
+        use alloy_primitives::U256;
+        use mv::MvValue;
+        use sched::{DONE, RUNNING};
+        use spec::{Read, SpecOutcome};
+        let (mv, sched) = (
+            MvMemory::new(),
+            Scheduler::new(3, std::thread::current(), true),
+        );
+        let slot = Location::Storage(Address::repeat_byte(1), U256::from(1));
+        let value = |v: u64| [(slot, MvValue::Storage(U256::from(v)))];
+        let mut next = Vec::new();
+        for (tx, reads, wrote) in [(0, vec![], 1), (1, vec![1], 2), (2, vec![2], 3)] {
+            assert!(sched.try_claim(tx));
+            mv.write(tx, 0, &value(wrote), &[], Some(&mut next));
+            let mut outcome = SpecOutcome::failed(
+                reads
+                    .into_iter()
+                    .map(|v| Read::Storage {
+                        address: Address::repeat_byte(1),
+                        slot: U256::from(1),
+                        value: U256::from(v),
+                        base: false,
+                    })
+                    .collect(),
+                std::thread::current().id(),
+            );
+            outcome.written = vec![slot];
+            sched.finish(tx, outcome, false);
+        }
+        // In order, nobody above had written yet.
+        assert!(next.is_empty());
+        assert!(take_stale(&sched, &mv).is_none());
+        // The same value again (an exact run that agrees) makes 1 a suspect, found current.
+        mv.write(0, 1, &value(1), &[], Some(&mut next));
+        assert_eq!(next, [1]);
+        sched.suspect(&next);
+        assert!(take_stale(&sched, &mv).is_none());
+        assert_eq!(sched.status(1), DONE);
+        // Another value: 1 is stale, and back to RUNNING for this thread.
+        next.clear();
+        mv.write(0, 1, &value(7), &[], Some(&mut next));
+        sched.suspect(&next);
+        assert_eq!(take_stale(&sched, &mv), Some((1, vec![slot])));
+        assert_eq!(sched.status(1), RUNNING);
+        assert_eq!(sched.respeculated(), 1);
+    }
 
     #[test]
     fn executor_is_send_and_sync() {

@@ -309,12 +309,19 @@ impl MvMemory {
     /// Records the writes of `writer` (incarnation `incarnation`), replacing whatever it wrote
     /// before at the same locations; `stale` lists its previous locations that the new write
     /// set no longer contains, which are removed.
+    ///
+    /// With `next_writers`, it also collects, per location given an absolute value (or
+    /// removed), the lowest transaction above `writer` that wrote there already: the one most
+    /// likely to have read that location before this write (a read-modify-write, such as the
+    /// next swap on a pair) and so to have run on a value that is no longer the one below it.
+    /// Lazy deltas are left out: a delta's readers are credited at commit, not invalidated.
     pub(crate) fn write(
         &self,
         writer: TxIdx,
         incarnation: u32,
         writes: &[(Location, MvValue)],
         stale: &[Location],
+        mut next_writers: Option<&mut Vec<TxIdx>>,
     ) {
         for (location, value) in writes {
             if matches!(location, Location::Wipe(_)) {
@@ -333,15 +340,27 @@ impl MvMemory {
             }
             let mut shard = self.shard(location);
             let versions = shard.entry(*location).or_default();
-            match versions.find(writer) {
+            let at = match versions.find(writer) {
                 // A newer incarnation's data is never replaced by an older one's.
                 Ok(i) => match &versions.entries[i] {
                     Entry::Data {
                         incarnation: newer, ..
-                    } if *newer > incarnation => {}
-                    _ => versions.entries[i] = entry,
+                    } if *newer > incarnation => continue,
+                    _ => {
+                        versions.entries[i] = entry;
+                        i
+                    }
                 },
-                Err(i) => versions.insert(i, writer, entry),
+                Err(i) => {
+                    versions.insert(i, writer, entry);
+                    i
+                }
+            };
+            if let Some(next) = next_writers.as_deref_mut()
+                && !matches!(value, MvValue::Delta(_))
+                && let Some(&above) = versions.txs.get(at + 1)
+            {
+                next.push(above);
             }
         }
         for location in stale {
@@ -350,6 +369,11 @@ impl MvMemory {
                 && let Ok(i) = versions.find(writer)
             {
                 versions.remove(i);
+                if let Some(next) = next_writers.as_deref_mut()
+                    && let Some(&above) = versions.txs.get(i)
+                {
+                    next.push(above);
+                }
             }
         }
     }
@@ -395,8 +419,8 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(1);
         let loc = Location::Account(a);
-        mv.write(2, 0, &[(loc, MvValue::Account(info(20)))], &[]);
-        mv.write(5, 0, &[(loc, MvValue::Account(info(50)))], &[]);
+        mv.write(2, 0, &[(loc, MvValue::Account(info(20)))], &[], None);
+        mv.write(5, 0, &[(loc, MvValue::Account(info(50)))], &[], None);
         assert!(matches!(mv.read_account(a, 2), AccountRead::Base { .. }));
         assert!(
             matches!(mv.read_account(a, 3), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
@@ -406,7 +430,7 @@ mod tests {
         );
         mv.mark_estimates(5, &[loc]);
         assert!(matches!(mv.read_account(a, 9), AccountRead::Blocked(5)));
-        mv.write(5, 1, &[], &[loc]);
+        mv.write(5, 1, &[], &[loc], None);
         assert!(
             matches!(mv.read_account(a, 9), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
         );
@@ -423,6 +447,7 @@ mod tests {
             0,
             &[(Location::Account(written), MvValue::Account(info(5)))],
             &[],
+            None,
         );
         // An address whose filter bit is the written one's (a false positive) and one whose
         // bit is not set.
@@ -459,9 +484,9 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(2);
         let loc = Location::Account(a);
-        mv.write(1, 0, &[(loc, MvValue::Delta(U256::from(3)))], &[]);
-        mv.write(3, 0, &[(loc, MvValue::Account(info(10)))], &[]);
-        mv.write(4, 0, &[(loc, MvValue::Delta(U256::from(7)))], &[]);
+        mv.write(1, 0, &[(loc, MvValue::Delta(U256::from(3)))], &[], None);
+        mv.write(3, 0, &[(loc, MvValue::Account(info(10)))], &[], None);
+        mv.write(4, 0, &[(loc, MvValue::Delta(U256::from(7)))], &[], None);
         assert!(
             matches!(mv.read_account(a, 2), AccountRead::Base { delta } if delta == U256::from(3))
         );
@@ -480,8 +505,9 @@ mod tests {
             0,
             &[(Location::Storage(a, s), MvValue::Storage(U256::from(4)))],
             &[],
+            None,
         );
-        mv.write(2, 0, &[(Location::Wipe(a), MvValue::Wipe)], &[]);
+        mv.write(2, 0, &[(Location::Wipe(a), MvValue::Wipe)], &[], None);
         mv.write(
             4,
             0,
@@ -490,6 +516,7 @@ mod tests {
                 (Location::Storage(a, s), MvValue::Storage(U256::from(6))),
             ],
             &[],
+            None,
         );
         assert!(matches!(mv.read_storage(a, s, 1), StorageRead::Base));
         assert!(matches!(mv.read_storage(a, s, 2), StorageRead::Value(v) if v == U256::from(4)));
@@ -497,5 +524,89 @@ mod tests {
         assert!(matches!(mv.read_storage(a, s, 5), StorageRead::Value(v) if v == U256::from(6)));
         // The slot and the wipe, whatever the number of writers.
         assert_eq!(mv.locations(), 2);
+    }
+
+    /// Each write names, per location, the lowest writer above it; lazy deltas name none, and
+    /// a removed version names the writer that now follows the one below it.
+    #[test]
+    fn writes_name_the_next_writer_above() {
+        let mv = MvMemory::new();
+        let (a, b) = (Address::repeat_byte(1), Address::repeat_byte(2));
+        let (la, lb) = (Location::Account(a), Location::Storage(b, U256::from(1)));
+        let mut next = Vec::new();
+        mv.write(
+            7,
+            0,
+            &[(la, MvValue::Account(info(7)))],
+            &[],
+            Some(&mut next),
+        );
+        mv.write(
+            9,
+            0,
+            &[(la, MvValue::Account(info(9)))],
+            &[],
+            Some(&mut next),
+        );
+        mv.write(
+            5,
+            0,
+            &[(lb, MvValue::Storage(U256::from(5)))],
+            &[],
+            Some(&mut next),
+        );
+        assert!(next.is_empty());
+        mv.write(
+            3,
+            0,
+            &[
+                (la, MvValue::Account(info(3))),
+                (lb, MvValue::Storage(U256::from(3))),
+            ],
+            &[],
+            Some(&mut next),
+        );
+        assert_eq!(next, [7, 5]);
+        next.clear();
+        mv.write(
+            2,
+            0,
+            &[(la, MvValue::Delta(U256::from(1)))],
+            &[],
+            Some(&mut next),
+        );
+        assert!(next.is_empty());
+        // Transaction 3 again, without `la`: its removal names 7.
+        mv.write(
+            3,
+            0,
+            &[(lb, MvValue::Storage(U256::from(4)))],
+            &[la],
+            Some(&mut next),
+        );
+        assert_eq!(next, [5, 7]);
+        next.clear();
+        // An older incarnation does not replace a newer one, and names nobody.
+        mv.write(5, 1, &[(lb, MvValue::Storage(U256::from(6)))], &[], None);
+        mv.write(
+            3,
+            1,
+            &[(lb, MvValue::Storage(U256::from(4)))],
+            &[],
+            Some(&mut next),
+        );
+        assert_eq!(next, [5]);
+        next.clear();
+        mv.write(
+            5,
+            0,
+            &[(lb, MvValue::Storage(U256::from(1)))],
+            &[],
+            Some(&mut next),
+        );
+        assert!(next.is_empty());
+        assert!(
+            matches!(mv.read_storage(b, U256::from(1), 6), StorageRead::Value(v) if v == U256::from(6))
+        );
     }
 }

@@ -1,8 +1,11 @@
 //! Who runs which transaction when.
 //!
-//! Each transaction goes PENDING → RUNNING → DONE → COMMITTED (or PENDING → RUNNING →
-//! COMMITTED when the committer runs it exactly itself). Statuses only move forward; every
-//! claim of a PENDING transaction is a compare-and-swap, so exactly one thread runs it.
+//! Each transaction goes PENDING → RUNNING → DONE → TAKEN → COMMITTED (or PENDING → RUNNING →
+//! COMMITTED when the committer runs it exactly itself). Every claim is a compare-and-swap,
+//! so exactly one thread runs a transaction or takes its result: a worker claims PENDING, the
+//! committer claims DONE as TAKEN. The one step back is DONE → RUNNING, when a pool thread
+//! finds a result doomed before the committer took it and executes the transaction again (see
+//! [`Scheduler::reclaim`]).
 //!
 //! Transactions are handed out in block order from a cursor. One whose hinted dependencies
 //! have not finished is parked on the first unfinished one; when that finishes, the thread that
@@ -24,7 +27,8 @@ use std::{
 pub(crate) const PENDING: u8 = 0;
 pub(crate) const RUNNING: u8 = 1;
 pub(crate) const DONE: u8 = 2;
-pub(crate) const COMMITTED: u8 = 3;
+pub(crate) const TAKEN: u8 = 3;
+pub(crate) const COMMITTED: u8 = 4;
 
 /// How far ahead of the transaction it waits for the committer asks to be woken: waking it per
 /// transaction costs more than it commits.
@@ -81,10 +85,19 @@ pub(crate) struct Scheduler {
     /// Nanoseconds the pool threads had to spare: waiting with nothing to execute, or folding
     /// transitions (see [`Self::spare_ns`]).
     spare_ns: AtomicU64,
+    /// DONE transactions whose result may have been made stale by a write below them since,
+    /// lowest first (see [`Self::suspect`]); `None` when re-speculation is off.
+    suspects: Option<Mutex<BinaryHeap<Reverse<TxIdx>>>>,
+    suspects_len: AtomicUsize,
+    /// Suspects that were still RUNNING when queued: their run may have read before the write
+    /// that made them suspect, so `finish` queues them once DONE.
+    recheck: Box<[AtomicBool]>,
+    /// Transactions a pool thread executed again after finding their result stale.
+    respeculated: AtomicUsize,
 }
 
 impl Scheduler {
-    pub(crate) fn new(n: usize, committer: Thread) -> Self {
+    pub(crate) fn new(n: usize, committer: Thread, respeculate: bool) -> Self {
         Self {
             n,
             status: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
@@ -104,7 +117,89 @@ impl Scheduler {
             wake_committer_at: AtomicUsize::new(usize::MAX),
             awaited: AtomicUsize::new(usize::MAX),
             spare_ns: AtomicU64::new(0),
+            suspects: respeculate.then(|| Mutex::new(BinaryHeap::new())),
+            suspects_len: AtomicUsize::new(0),
+            recheck: (0..if respeculate { n } else { 0 })
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            respeculated: AtomicUsize::new(0),
         }
+    }
+
+    /// Queues those of `txs` that are DONE for a pool thread to check against the
+    /// multi-version memory: `txs` are the next writers above a location just (re)written,
+    /// which most likely read it before the write (`MvMemory::write`).
+    ///
+    /// Without this, one stale result makes a cascade on many threads: the committer executes
+    /// it again exactly, so its published values change; the next transaction on the same
+    /// location ran on the old ones and fails validation too, and so on down the block. On the
+    /// router workload most failed validations were such (a read of a speculative value whose
+    /// writer the committer had re-executed since), and their exact re-runs were all on the
+    /// committer, one after another. A pool thread that finds the result stale executes it
+    /// again before the committer reaches it.
+    pub(crate) fn suspect(&self, txs: &[TxIdx]) {
+        let Some(suspects) = &self.suspects else {
+            return;
+        };
+        let mut done = txs
+            .iter()
+            .copied()
+            .filter(|&tx| match self.status(tx) {
+                DONE => true,
+                RUNNING => {
+                    // The other half of `finish`'s fence: either it sees the flag, or this
+                    // sees its DONE and queues the transaction now.
+                    self.recheck[tx as usize].store(true, Ordering::Relaxed);
+                    fence(Ordering::SeqCst);
+                    self.status(tx) == DONE
+                }
+                _ => false,
+            })
+            .peekable();
+        if done.peek().is_none() {
+            return;
+        }
+        let mut heap = lock(suspects);
+        heap.extend(done.map(Reverse));
+        self.suspects_len.store(heap.len(), Ordering::Release);
+    }
+
+    /// The lowest queued suspect, if any.
+    pub(crate) fn next_suspect(&self) -> Option<TxIdx> {
+        let suspects = self.suspects.as_ref()?;
+        if self.suspects_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut heap = lock(suspects);
+        let popped = heap.pop();
+        self.suspects_len.store(heap.len(), Ordering::Release);
+        popped.map(|Reverse(tx)| tx)
+    }
+
+    /// Takes back the result of DONE transaction `tx` for its executor to run it again, when
+    /// `stale` says so (called with the result's lock held, so the committer waits rather than
+    /// take it meanwhile). The transaction is RUNNING again; its caller must `finish` it.
+    /// `None` when the committer took it first or it is not stale.
+    pub(crate) fn reclaim(
+        &self,
+        tx: TxIdx,
+        stale: impl FnOnce(&SpecOutcome) -> bool,
+    ) -> Option<Box<SpecOutcome>> {
+        let mut outcome = lock(&self.outcomes[tx as usize]);
+        if self.status(tx) != DONE || !outcome.as_deref().is_some_and(stale) {
+            return None;
+        }
+        // Fails when the committer claimed it meanwhile (DONE → TAKEN, before it locks).
+        self.status[tx as usize]
+            .compare_exchange(DONE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        self.respeculated.fetch_add(1, Ordering::Relaxed);
+        outcome.take()
+    }
+
+    /// How many results pool threads took back and executed again.
+    pub(crate) fn respeculated(&self) -> usize {
+        self.respeculated.load(Ordering::Relaxed)
     }
 
     /// Wakes the committer if it waits for a batch of results: a pool thread with nothing to
@@ -254,6 +349,13 @@ impl Scheduler {
         // committer's store of `wake_committer_at`, each side sees the other's, so the
         // committer does not park on a transaction finished unseen.
         fence(Ordering::SeqCst);
+        if self
+            .recheck
+            .get(tx as usize)
+            .is_some_and(|r| r.load(Ordering::Relaxed) && r.swap(false, Ordering::Relaxed))
+        {
+            self.suspect(&[tx]);
+        }
         // A thread running a chain in order (`next` is the following transaction) wakes the
         // committer only every WAKE_BATCH transactions; anything else wakes it as soon as the
         // transaction it waits for is done.
@@ -268,11 +370,11 @@ impl Scheduler {
         next
     }
 
-    /// Marks `tx` committed (its status may have been RUNNING or DONE) and releases anything
+    /// Marks `tx` committed (its status may have been RUNNING or TAKEN) and releases anything
     /// still parked on it. A transaction that was DONE released its dependants then, and
-    /// nothing parks on a DONE transaction (`deps_ready_or_park` checks under the lock).
+    /// nothing parks on a finished transaction (`deps_ready_or_park` checks under the lock).
     pub(crate) fn committed(&self, tx: TxIdx) {
-        if self.status[tx as usize].swap(COMMITTED, Ordering::AcqRel) != DONE {
+        if self.status[tx as usize].swap(COMMITTED, Ordering::AcqRel) < DONE {
             self.release_waiters(tx, false);
         }
     }
@@ -308,7 +410,15 @@ impl Scheduler {
         kept
     }
 
-    /// The committer's outcome of `tx`, once DONE.
+    /// Claims DONE `tx` for the committer (DONE → TAKEN): false when a pool thread took it
+    /// back meanwhile to execute it again.
+    pub(crate) fn try_take(&self, tx: TxIdx) -> bool {
+        self.status[tx as usize]
+            .compare_exchange(DONE, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The committer's outcome of `tx`, once TAKEN.
     pub(crate) fn take_outcome(&self, tx: TxIdx) -> Option<Box<SpecOutcome>> {
         lock(&self.outcomes[tx as usize]).take()
     }
@@ -353,5 +463,72 @@ impl Scheduler {
             std::thread::park_timeout(Duration::from_micros(300));
         }
         self.wake_committer_at.store(usize::MAX, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome() -> Box<SpecOutcome> {
+        SpecOutcome::failed(Vec::new(), std::thread::current().id())
+    }
+
+    /// A result can be taken back until the committer claims it, and only then; the committer
+    /// cannot claim a result taken back until it is finished again.
+    #[test]
+    fn a_result_is_taken_back_or_taken_never_both() {
+        let sched = Scheduler::new(4, std::thread::current(), true);
+        for tx in 0..3 {
+            assert!(sched.try_claim(tx));
+            sched.finish(tx, outcome(), false);
+        }
+        // Not stale: left where it is.
+        assert!(sched.reclaim(0, |_| false).is_none());
+        assert_eq!(sched.status(0), DONE);
+        // Stale: RUNNING again, and the committer cannot take it.
+        assert!(sched.reclaim(0, |_| true).is_some());
+        assert_eq!(sched.status(0), RUNNING);
+        assert!(!sched.try_take(0));
+        assert!(sched.reclaim(0, |_| true).is_none());
+        sched.finish(0, outcome(), false);
+        assert!(sched.try_take(0));
+        assert!(sched.take_outcome(0).is_some());
+        // Taken by the committer: no longer reclaimable, even once committed.
+        assert!(sched.reclaim(0, |_| true).is_none());
+        sched.committed(0);
+        assert!(sched.reclaim(0, |_| true).is_none());
+        assert_eq!(sched.status(0), COMMITTED);
+        // Never finished: nothing to reclaim.
+        assert!(sched.reclaim(3, |_| true).is_none());
+        assert_eq!(sched.respeculated(), 1);
+    }
+
+    /// Suspects come out lowest first; those not DONE are left out, and one still running is
+    /// queued when it finishes.
+    #[test]
+    fn suspects_are_done_results_lowest_first() {
+        let sched = Scheduler::new(6, std::thread::current(), true);
+        for tx in [1, 2, 4] {
+            assert!(sched.try_claim(tx));
+            sched.finish(tx, outcome(), false);
+        }
+        assert!(sched.try_claim(5));
+        sched.suspect(&[4, 0, 2, 5, 3]);
+        assert_eq!(sched.next_suspect(), Some(2));
+        assert_eq!(sched.next_suspect(), Some(4));
+        assert_eq!(sched.next_suspect(), None);
+        sched.finish(5, outcome(), false);
+        assert_eq!(sched.next_suspect(), Some(5));
+        // Finishing again does not queue it twice.
+        assert!(sched.reclaim(5, |_| true).is_some());
+        sched.finish(5, outcome(), false);
+        assert_eq!(sched.next_suspect(), None);
+        // Off: nothing is queued.
+        let off = Scheduler::new(2, std::thread::current(), false);
+        assert!(off.try_claim(0));
+        off.finish(0, outcome(), false);
+        off.suspect(&[0]);
+        assert_eq!(off.next_suspect(), None);
     }
 }

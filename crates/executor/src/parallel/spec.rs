@@ -199,6 +199,8 @@ pub(crate) struct SpecShared<'a, DB> {
     pub new_code: &'a NewCode,
     pub coinbase: Address,
     pub lazy_coinbase: bool,
+    /// Collect the next writers above each publish, for `Scheduler::suspect`.
+    pub respeculate: bool,
 }
 
 /// The database a speculative EVM reads: multi-version memory over the pre-state, recording
@@ -409,6 +411,13 @@ pub(crate) struct SpecOutcome {
 }
 
 impl SpecOutcome {
+    /// This failed outcome, still owning the locations an earlier run published: the
+    /// committer's exact run replaces or removes them.
+    fn keeping(mut self: Box<Self>, previous: &[Location]) -> Box<Self> {
+        self.written = previous.to_vec();
+        self
+    }
+
     /// A speculation that produced no result: the committer executes the transaction exactly.
     pub(crate) fn failed(reads: Vec<Read>, origin: ThreadId) -> Box<Self> {
         Box::new(Self {
@@ -433,6 +442,9 @@ pub(crate) struct Speculator<'a, DB: StateReader> {
     evm: SpecEvm<'a, DB>,
     /// The writes of the transaction being published; kept to reuse its allocation.
     writes: Vec<(Location, MvValue)>,
+    /// The next writers above the last published transaction's locations (see
+    /// `MvMemory::write`), when the shared state asks for them.
+    pub(crate) next_writers: Vec<TxIdx>,
     /// Capacity for the next transaction's read list.
     reads_hint: usize,
     bloom: BloomCache,
@@ -466,6 +478,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
         Self {
             evm: EthEvmBuilder::new(db, env.clone()).build().into_inner(),
             writes: Vec::with_capacity(8),
+            next_writers: Vec::new(),
             reads_hint: 8,
             bloom: BloomCache::default(),
             blank: {
@@ -480,6 +493,8 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
     }
 
     /// Executes transaction `index` speculatively; publishes its writes when `publish`.
+    /// `previous` are the locations an earlier run of it published (empty on its first run):
+    /// those the new run does not write are removed.
     ///
     /// A panic becomes a failed speculation: the committer then executes the transaction
     /// exactly, on the committed state. A speculative run reads a mix of committed and not yet
@@ -497,7 +512,9 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
         tx: &Recovered<TxEnvelope>,
         lazy_recipient: Option<Address>,
         publish: bool,
+        previous: &[Location],
     ) -> SpecRun {
+        self.next_writers.clear();
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             {
                 let db = self.evm.ctx().db_mut();
@@ -527,8 +544,16 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                     writes.clear();
                     // Run even when not publishing: it also records deployed code.
                     extract_writes(&state, &reads, shared, writes);
+                    let stale: Vec<Location> = previous
+                        .iter()
+                        .filter(|l| !writes.iter().any(|(w, _)| w == *l))
+                        .copied()
+                        .collect();
+                    let next_writers = shared.respeculate.then_some(&mut self.next_writers);
+                    // A run that does not publish had no earlier run that did (`publish` is
+                    // fixed per transaction by the hints).
                     let written = if publish {
-                        shared.mv.write(index, 0, writes, &[]);
+                        shared.mv.write(index, 0, writes, &stale, next_writers);
                         writes.iter().map(|(l, _)| *l).collect()
                     } else {
                         Vec::new()
@@ -546,7 +571,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                         origin: self.thread,
                     }))
                 }
-                _ => SpecRun::Done(SpecOutcome::failed(reads, self.thread)),
+                _ => SpecRun::Done(SpecOutcome::failed(reads, self.thread).keeping(previous)),
             }
         }));
         attempt.unwrap_or_else(|panic| {
@@ -557,9 +582,40 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
             );
             // The EVM may have stopped in the middle of the transaction: start afresh.
             *self = Self::new(self.shared, self.env.clone());
-            SpecRun::Done(SpecOutcome::failed(Vec::new(), self.thread))
+            SpecRun::Done(SpecOutcome::failed(Vec::new(), self.thread).keeping(previous))
         })
     }
+}
+
+/// Whether the multi-version memory now answers one of `reads` (transaction `tx`'s) with
+/// another value than the run saw: a write below `tx` came or changed since, so the committer
+/// would find the result invalid. Only a changed answer counts. Lazy reads (rebased at
+/// commit), writes being re-executed (their writer's new values come soon and queue `tx`
+/// again), and answers that now come from the pre-state where the run read a written value
+/// (knowing would take a pre-state read) count as unchanged: this only decides whether a pool
+/// thread executes `tx` again early, and the committer checks every read anyway.
+pub(crate) fn stale_in(mv: &MvMemory, tx: TxIdx, reads: &[Read]) -> bool {
+    reads.iter().any(|read| match read {
+        Read::Account {
+            address,
+            seen,
+            mode: ReadMode::Strict,
+        } => match mv.read_account(*address, tx) {
+            AccountRead::Value(info) => !seen.answers(Observed::of(&info)),
+            AccountRead::Base { delta } => seen.base().is_some() && !delta.is_zero(),
+            AccountRead::Blocked(_) => false,
+        },
+        Read::Account { .. } => false,
+        Read::Storage {
+            address,
+            slot,
+            value,
+            ..
+        } => match mv.read_storage(*address, *slot, tx) {
+            StorageRead::Value(now) => now != *value,
+            StorageRead::Base | StorageRead::Blocked(_) => false,
+        },
+    })
 }
 
 /// Frees, here on the thread that allocated them, the copies of the loaded accounts' info the
@@ -697,5 +753,86 @@ mod tests {
         assert!(written.answers(Some(Observed::from_info(&contract(None)))));
         assert!(Seen::Base(None).answers(None));
         assert!(!Seen::Base(None).answers(Some(Observed::from_info(&contract(None)))));
+    }
+
+    /// A read is stale once the memory answers it with another value; the same value, lazy
+    /// reads and writes being re-executed are not.
+    #[test]
+    fn stale_reads_are_changed_answers() {
+        let mv = MvMemory::new();
+        let (a, b, c) = (
+            Address::repeat_byte(1),
+            Address::repeat_byte(2),
+            Address::repeat_byte(3),
+        );
+        let slot = U256::from(9);
+        let account = Read::Account {
+            address: a,
+            seen: Seen::Base(Some(contract(None))),
+            mode: ReadMode::Strict,
+        };
+        let storage = Read::Storage {
+            address: b,
+            slot,
+            value: U256::from(5),
+            base: true,
+        };
+        let lazy = Read::Account {
+            address: c,
+            seen: Seen::Base(None),
+            mode: ReadMode::LazyRecipient,
+        };
+        let reads = [account, storage, lazy];
+        assert!(!stale_in(&mv, 4, &reads));
+        // The same values written below: still current.
+        let same = [
+            (Location::Account(a), MvValue::Account(Some(contract(None)))),
+            (Location::Storage(b, slot), MvValue::Storage(U256::from(5))),
+            (Location::Account(c), MvValue::Account(Some(contract(None)))),
+        ];
+        mv.write(1, 0, &same, &[], None);
+        assert!(!stale_in(&mv, 4, &reads));
+        // A write above the reader changes nothing for it.
+        mv.write(
+            6,
+            0,
+            &[(Location::Storage(b, slot), MvValue::Storage(U256::from(6)))],
+            &[],
+            None,
+        );
+        assert!(!stale_in(&mv, 4, &reads));
+        // Another value below it does.
+        mv.write(
+            2,
+            0,
+            &[(Location::Storage(b, slot), MvValue::Storage(U256::from(6)))],
+            &[],
+            None,
+        );
+        assert!(stale_in(&mv, 4, &reads));
+        assert!(!stale_in(&mv, 2, &reads));
+        // Being re-executed: not known yet.
+        mv.mark_estimates(2, &[Location::Storage(b, slot)]);
+        assert!(!stale_in(&mv, 4, &reads));
+        // An account changed below the reader, or credited lazily where it read the pre-state.
+        let mut richer = contract(None);
+        richer.balance += U256::from(1);
+        mv.write(
+            3,
+            0,
+            &[(Location::Account(a), MvValue::Account(Some(richer)))],
+            &[],
+            None,
+        );
+        assert!(stale_in(&mv, 4, &reads[..1]));
+        let fresh = MvMemory::new();
+        fresh.write(
+            0,
+            0,
+            &[(Location::Account(a), MvValue::Delta(U256::from(1)))],
+            &[],
+            None,
+        );
+        assert!(stale_in(&fresh, 4, &reads[..1]));
     }
 }
