@@ -86,10 +86,10 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     /// Never execute a pending transaction exactly ahead of speculation (see
     /// [`crate::ParallelConfig::speculate_all`]).
     pub speculate_all: bool,
-    /// Where the committed transitions go to be folded (see `transitions.rs`) while
-    /// `queue_transitions` holds; once the block goes sequential, `revm::State` folds them.
-    pub transitions: Writer<'c>,
-    pub queue_transitions: bool,
+    /// Where the committed transitions go to be folded by the pool (see `transitions.rs`);
+    /// `None` when `revm::State` folds them, from the start or since the block went
+    /// sequential.
+    pub transitions: Option<Writer<'c>>,
 }
 
 /// A contract the hints expect to change many storage slots (`BlockHints::many_slots`): its
@@ -225,11 +225,11 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                     PENDING if !self.speculate_all || self.sched.is_sequential() => {
                         // Folding costs less than executing `k` here, and a worker may take
                         // `k` meanwhile.
-                        if self.queue_transitions
-                            && self.transitions.shared().committer_should_fold()
+                        if let Some(transitions) = &mut self.transitions
+                            && transitions.shared().committer_should_fold()
                         {
-                            self.transitions.flush();
-                            if self.transitions.shared().fold_some(0) {
+                            transitions.flush();
+                            if transitions.shared().fold_some(0) {
                                 self.stats.help_ns += lap(&mut clock);
                                 continue;
                             }
@@ -272,7 +272,9 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             self.sched.committed(k);
         }
         self.flush_fees()?;
-        self.transitions.flush();
+        if let Some(transitions) = &mut self.transitions {
+            transitions.flush();
+        }
         Ok(())
     }
 
@@ -305,25 +307,24 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     /// called: one commit's changes, made through `revm::State` rather than by
     /// `commit_speculative`.
     fn queue_state_transitions(&mut self) {
-        if self.queue_transitions
+        if let Some(transitions) = &mut self.transitions
             && let Some(state) = self.executor.evm.db_mut().transition_state.as_mut()
         {
-            self.transitions.push_folded(state);
+            transitions.push_folded(state);
         }
     }
 
     /// Folds the queued transitions into `revm::State`'s, which folds the rest of the block's
     /// itself: nothing but the committer runs any more.
     fn hand_back_transitions(&mut self) {
-        if !self.queue_transitions {
+        let Some(mut transitions) = self.transitions.take() else {
             return;
-        }
+        };
         let db = self.executor.evm.db_mut();
-        self.transitions.flush();
-        self.transitions
+        transitions.flush();
+        transitions
             .shared()
             .fold_into(db.transition_state.get_or_insert_with(Default::default));
-        self.queue_transitions = false;
     }
 
     /// Executes `j` speculatively on the committer's thread (while the transaction it waits
@@ -451,8 +452,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         // Without a state hook and a block-access-list builder (checked above), `commit_iter`
         // is exactly this cache update and fold.
         debug_assert!(db.state_hook.is_none());
-        if self.queue_transitions {
-            let transitions = &mut self.transitions;
+        if let Some(transitions) = &mut self.transitions {
             for (address, transition) in db.cache.apply_evm_state(exec.state.drain(), |_, _| {}) {
                 // The storage is the transaction's own map, moved (`apply_evm_state` borrows
                 // nothing).
@@ -490,7 +490,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 )
             }
         };
-        let (transitions, queue) = (self.transitions.shared(), self.queue_transitions);
+        let transitions = self.transitions.as_ref().map(Writer::shared);
         let db = self.executor.evm.db_mut();
         pending.retain_mut(|p| {
             if !p.cache_done
@@ -504,7 +504,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 p.cache_done = true;
             }
             if !p.transition_done {
-                p.transition_done = if queue {
+                p.transition_done = if let Some(transitions) = transitions {
                     transitions.reserve_storage(p.address, p.slots)
                 } else if let Some(transition) = db
                     .transition_state

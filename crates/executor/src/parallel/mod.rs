@@ -4,7 +4,10 @@
 //! reference executor's own state and receipt path.
 //!
 //! Threads: the calling thread is the committer (it also executes transactions while it would
-//! otherwise wait); `threads - 1` persistent pool threads execute speculatively. Committing
+//! otherwise wait); `threads - 1` persistent pool threads execute speculatively, and execute
+//! again a result that a later write below it made stale before the committer reaches it
+//! (`Scheduler::suspect`), so that stale results do not all fall to the committer's serial
+//! re-runs. Committing
 //! (state transitions, receipts) is about half of sequential execution's cost, so overlapping it
 //! with execution is as important as executing in parallel.
 //!
@@ -449,15 +452,14 @@ impl ParallelExecutor {
                     spent: Vec::new(),
                     presize: None,
                     speculate_all: self.config.speculate_all,
-                    transitions: transitions.writer(),
-                    queue_transitions: fold_on_pool,
+                    transitions: fold_on_pool.then(|| transitions.writer()),
                 };
                 let result = committer.run();
                 stats = Some(CommitStats {
                     start_ns,
                     ..committer.stats
                 });
-                queued = committer.queue_transitions;
+                queued = committer.transitions.is_some();
                 recycler.give_all(&mut committer.spent);
                 result
             }));
