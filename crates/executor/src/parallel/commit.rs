@@ -407,6 +407,9 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             return result;
         }
         self.stats.validated += 1;
+        if outcome.rerun {
+            self.sched.rerun_paid();
+        }
         let executor = &mut *self.executor;
         let gas = exec.result.gas();
         let tx_gas_used = gas.tx_gas_used();

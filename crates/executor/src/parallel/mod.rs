@@ -641,11 +641,11 @@ fn worker<DB: StateReader>(
             transitions.fold_some(index);
         }
         // A stale result near the committer comes before speculating further ahead.
-        let (next_tx, previous) = match next.take() {
-            Some(j) => (Some(j), Vec::new()),
+        let (next_tx, previous, rerun) = match next.take() {
+            Some(j) => (Some(j), Vec::new(), false),
             None => match take_stale(sched, shared.mv) {
-                Some((j, previous)) => (Some(j), previous),
-                None => (sched.next_task(), Vec::new()),
+                Some((j, previous)) => (Some(j), previous, true),
+                None => (sched.next_task(), Vec::new(), false),
             },
         };
         let Some(j) = next_tx else {
@@ -670,7 +670,10 @@ fn worker<DB: StateReader>(
         let outcome = loop {
             let (lazy, publish) = (hints.lazy_recipient[j as usize], hints.publish[j as usize]);
             match speculator.run(j, tx, lazy, publish, &previous) {
-                SpecRun::Done(outcome) => break outcome,
+                SpecRun::Done(mut outcome) => {
+                    outcome.rerun = rerun;
+                    break outcome;
+                }
                 SpecRun::Blocked(writer) => {
                     // The committer is re-executing `writer`; its new values come within
                     // microseconds.
@@ -694,6 +697,9 @@ fn worker<DB: StateReader>(
 fn take_stale(sched: &Scheduler, mv: &MvMemory) -> Option<(TxIdx, Vec<Location>)> {
     while let Some(tx) = sched.next_suspect() {
         if let Some(mut stale) = sched.reclaim(tx, |o| spec::stale_in(mv, tx, &o.reads)) {
+            if let Some(hints) = sched.hints() {
+                hints.call_checked(tx, true);
+            }
             // Its allocations may be another thread's; freed here all the same (rare).
             return Some((tx, std::mem::take(&mut stale.written)));
         }
@@ -740,7 +746,7 @@ mod tests {
         use spec::{Read, SpecOutcome};
         let (mv, sched) = (
             MvMemory::new(),
-            Scheduler::new(3, std::thread::current(), true),
+            Scheduler::new(8, std::thread::current(), true),
         );
         let slot = Location::Storage(Address::repeat_byte(1), U256::from(1));
         let value = |v: u64| [(slot, MvValue::Storage(U256::from(v)))];

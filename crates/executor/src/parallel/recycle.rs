@@ -72,12 +72,7 @@ mod tests {
 
     fn spent() -> Spent {
         Spent {
-            _outcome: Box::new(SpecOutcome {
-                reads: Vec::new(),
-                exec: None,
-                written: Vec::new(),
-                origin: std::thread::current().id(),
-            }),
+            _outcome: SpecOutcome::failed(Vec::new(), std::thread::current().id()),
         }
     }
 

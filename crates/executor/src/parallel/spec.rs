@@ -408,6 +408,8 @@ pub(crate) struct SpecOutcome {
     /// The thread that executed it, and so allocated its parts: the committer frees the
     /// results it speculated itself and hands the others back (see `recycle.rs`).
     pub origin: ThreadId,
+    /// A pool thread ran it again after finding an earlier result stale.
+    pub rerun: bool,
 }
 
 impl SpecOutcome {
@@ -425,6 +427,7 @@ impl SpecOutcome {
             exec: None,
             written: Vec::new(),
             origin,
+            rerun: false,
         })
     }
 }
@@ -569,6 +572,7 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                         }),
                         written,
                         origin: self.thread,
+                        rerun: false,
                     }))
                 }
                 _ => SpecRun::Done(SpecOutcome::failed(reads, self.thread).keeping(previous)),
