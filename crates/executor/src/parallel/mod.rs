@@ -123,8 +123,9 @@ pub struct ParallelConfig {
     /// transitions, the input of the bundle.
     pub transition_folding: TransitionFolding,
     /// Pool threads check results that a write below them may have made stale, and execute
-    /// those again before the committer reaches them (see `Scheduler::suspect`). Otherwise the
-    /// committer re-executes every stale result itself, in order.
+    /// those again before the committer reaches them (see `Scheduler::suspect`), while such
+    /// re-runs pay in the block (see `RERUNS_FREE`). Otherwise the committer re-executes every
+    /// stale result itself, in order.
     pub respeculate: bool,
 }
 
