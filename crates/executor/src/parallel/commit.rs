@@ -631,8 +631,8 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
     }
 
     /// Executes transaction `k` exactly on the committed state and commits it. `written` are
-    /// the locations its speculative run published: they are estimates until the exact writes
-    /// replace them.
+    /// the locations its last speculative run published (with an earlier run's, if that one
+    /// failed): they are estimates until the exact writes replace them.
     fn commit_exact(&mut self, k: TxIdx, written: &[Location]) -> Result<(), ExecutionError> {
         self.stats.exact += 1;
         self.flush_fees()?;

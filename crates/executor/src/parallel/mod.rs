@@ -600,7 +600,9 @@ struct WorkerCtx<'a, DB> {
 /// A pool thread's loop for one block: take a transaction, execute it speculatively, publish
 /// its writes, continue with a dependant it released (chains stay on one thread). With a
 /// `hint_job`, it first builds and publishes the block's hints.
-/// Between transactions, and when it has none, it folds committed transitions.
+/// Before a new transaction it takes a stale result back to run it again, if one is queued
+/// (see `Scheduler::suspect`). Between transactions, and when it has none, it folds
+/// committed transitions.
 fn worker<DB: StateReader>(
     ctx: WorkerCtx<'_, DB>,
     env: alloy_evm::EvmEnv,

@@ -65,7 +65,8 @@ pub(crate) struct Scheduler {
     n: usize,
     status: Box<[AtomicU8]>,
     /// The speculative outcome of each transaction: written by its executor before its status
-    /// becomes DONE, taken by the committer after.
+    /// becomes DONE, taken by the committer after (or back by a pool thread that runs it
+    /// again, see [`Self::reclaim`]).
     outcomes: Box<[Mutex<Option<Box<SpecOutcome>>>]>,
     /// Transactions parked until this one is DONE (or COMMITTED). Guarded by its mutex; a
     /// parker re-checks the status under the lock, a finisher sets the status before taking
@@ -170,10 +171,17 @@ impl Scheduler {
                 DONE => true,
                 RUNNING => {
                     // The other half of `finish`'s fence: either it sees the flag, or this
-                    // sees its DONE and queues the transaction now.
-                    self.recheck[tx as usize].store(true, Ordering::Relaxed);
+                    // sees its DONE and queues the transaction now (and clears the flag, which
+                    // would queue it again after a re-run). Release: the thread that takes the
+                    // flag sees the write that made `tx` a suspect.
+                    let flag = &self.recheck[tx as usize];
+                    flag.store(true, Ordering::Release);
                     fence(Ordering::SeqCst);
-                    self.status(tx) == DONE
+                    let done = self.status(tx) == DONE;
+                    if done {
+                        flag.store(false, Ordering::Relaxed);
+                    }
+                    done
                 }
                 _ => false,
             })
@@ -184,6 +192,13 @@ impl Scheduler {
         let mut heap = lock(suspects);
         heap.extend(done.map(Reverse));
         self.suspects_len.store(heap.len(), Ordering::Release);
+        drop(heap);
+        // Idle pool threads wait on `ready` (see `idle_wait`, which re-checks the suspects
+        // under the same lock).
+        let _ready = lock(&self.ready);
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
+            self.idle.notify_one();
+        }
     }
 
     /// The lowest queued suspect, if any.
@@ -212,19 +227,29 @@ impl Scheduler {
         let budget = RERUNS_FREE
             .saturating_add(paid.saturating_mul(RERUNS_PER_PAID))
             .min(self.n / RERUNS_BLOCK_SHARE);
-        if self.respeculated.load(Ordering::Relaxed) >= budget {
-            return None;
-        }
-        let mut outcome = lock(&self.outcomes[tx as usize]);
-        if self.status(tx) != DONE || !outcome.as_deref().is_some_and(stale) {
-            return None;
-        }
-        // Fails when the committer claimed it meanwhile (DONE → TAKEN, before it locks).
-        self.status[tx as usize]
-            .compare_exchange(DONE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+        // A re-run is reserved before the check, so that threads checking at once cannot
+        // pass the budget together, and handed back if none happens.
+        self.respeculated
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                (r < budget).then_some(r + 1)
+            })
             .ok()?;
-        self.respeculated.fetch_add(1, Ordering::Relaxed);
-        outcome.take()
+        let taken = {
+            let mut outcome = lock(&self.outcomes[tx as usize]);
+            // The CAS fails when the committer claimed it meanwhile (DONE → TAKEN, before it
+            // locks).
+            (self.status(tx) == DONE
+                && outcome.as_deref().is_some_and(stale)
+                && self.status[tx as usize]
+                    .compare_exchange(DONE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok())
+            .then(|| outcome.take())
+            .flatten()
+        };
+        if taken.is_none() {
+            self.respeculated.fetch_sub(1, Ordering::Relaxed);
+        }
+        taken
     }
 
     /// Counts a re-run result that passed validation: the committer did not execute it again.
@@ -387,7 +412,7 @@ impl Scheduler {
         if self
             .recheck
             .get(tx as usize)
-            .is_some_and(|r| r.load(Ordering::Relaxed) && r.swap(false, Ordering::Relaxed))
+            .is_some_and(|r| r.load(Ordering::Relaxed) && r.swap(false, Ordering::Acquire))
         {
             self.suspect(&[tx]);
         }
@@ -463,7 +488,11 @@ impl Scheduler {
     pub(crate) fn idle_wait(&self) {
         self.wake_waiting_committer();
         let ready = lock(&self.ready);
-        if ready.is_empty() && !self.stopped() && !self.is_sequential() {
+        if ready.is_empty()
+            && self.suspects_len.load(Ordering::Acquire) == 0
+            && !self.stopped()
+            && !self.is_sequential()
+        {
             let since = Instant::now();
             self.sleepers.fetch_add(1, Ordering::Relaxed);
             let (_ready, _timeout) = self
@@ -555,7 +584,7 @@ mod tests {
         assert_eq!(sched.next_suspect(), None);
         sched.finish(5, outcome(), false);
         assert_eq!(sched.next_suspect(), Some(5));
-        // Finishing again does not queue it twice.
+        // `finish` cleared the flag: finishing again does not queue it twice.
         assert!(sched.reclaim(5, |_| true).is_some());
         sched.finish(5, outcome(), false);
         assert_eq!(sched.next_suspect(), None);

@@ -518,6 +518,8 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
         previous: &[Location],
     ) -> SpecRun {
         self.next_writers.clear();
+        // Emptied now, so that after a panic it holds this run's writes or none.
+        self.writes.clear();
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             {
                 let db = self.evm.ctx().db_mut();
@@ -584,9 +586,17 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                 message = super::panic_message(panic.as_ref()),
                 "speculative execution panicked; the transaction is executed exactly"
             );
+            // What this run may have published before the panic, with what the one before it
+            // did: the committer's exact run replaces or removes all of it. (Listing one it
+            // did not publish costs nothing there.)
+            let published: Vec<Location> = previous
+                .iter()
+                .copied()
+                .chain(self.writes.iter().map(|(l, _)| *l))
+                .collect();
             // The EVM may have stopped in the middle of the transaction: start afresh.
             *self = Self::new(self.shared, self.env.clone());
-            SpecRun::Done(SpecOutcome::failed(Vec::new(), self.thread).keeping(previous))
+            SpecRun::Done(SpecOutcome::failed(Vec::new(), self.thread).keeping(&published))
         })
     }
 }
@@ -594,10 +604,11 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
 /// Whether the multi-version memory now answers one of `reads` (transaction `tx`'s) with
 /// another value than the run saw: a write below `tx` came or changed since, so the committer
 /// would find the result invalid. Only a changed answer counts. Lazy reads (rebased at
-/// commit), writes being re-executed (their writer's new values come soon and queue `tx`
-/// again), and answers that now come from the pre-state where the run read a written value
-/// (knowing would take a pre-state read) count as unchanged: this only decides whether a pool
-/// thread executes `tx` again early, and the committer checks every read anyway.
+/// commit), writes being re-executed (when their writer publishes again, `tx` is queued again
+/// if it is the next writer there), and answers that now come from the pre-state where the
+/// run read a written value (knowing would take a pre-state read) count as unchanged: this
+/// only decides whether a pool thread executes `tx` again early, and the committer checks
+/// every read anyway.
 pub(crate) fn stale_in(mv: &MvMemory, tx: TxIdx, reads: &[Read]) -> bool {
     reads.iter().any(|read| match read {
         Read::Account {
