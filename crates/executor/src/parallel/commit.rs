@@ -649,11 +649,6 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         let output = self.executor.execute_transaction_without_commit(tx)?;
         let mut writes = Vec::with_capacity(output.result.state.len() + 2);
         extract_writes(&output.result.state, &[], self.shared, &mut writes);
-        let stale: Vec<Location> = written
-            .iter()
-            .filter(|l| !writes.iter().any(|(w, _)| w == *l))
-            .copied()
-            .collect();
         // Like the speculative run, a transaction nothing is hinted to read from publishes
         // nothing (unless its speculative run did: those entries must be replaced).
         let publish = self
@@ -662,8 +657,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             .is_none_or(|h| h.publish[k as usize] || !written.is_empty());
         if publish {
             let mut next_writers = Vec::new();
-            let collect = self.shared.respeculate.then_some(&mut next_writers);
-            mv.write(k, 1, &writes, &stale, collect);
+            mv.write(k, 1, &writes, written, &mut next_writers);
             self.sched.suspect(&next_writers);
         }
         self.executor.commit_transaction(output);

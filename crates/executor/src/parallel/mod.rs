@@ -399,7 +399,6 @@ impl ParallelExecutor {
             new_code: &new_code,
             coinbase,
             lazy_coinbase: self.config.lazy_coinbase && lazy_ok,
-            respeculate: self.config.respeculate,
         };
         let sched = Scheduler::new(n, std::thread::current(), self.config.respeculate);
         let workers = self.config.threads - 1;
@@ -756,7 +755,7 @@ mod tests {
         let mut next = Vec::new();
         for (tx, reads, wrote) in [(0, vec![], 1), (1, vec![1], 2), (2, vec![2], 3)] {
             assert!(sched.try_claim(tx));
-            mv.write(tx, 0, &value(wrote), &[], Some(&mut next));
+            mv.write(tx, 0, &value(wrote), &[], &mut next);
             let mut outcome = SpecOutcome::failed(
                 reads
                     .into_iter()
@@ -776,14 +775,14 @@ mod tests {
         assert!(next.is_empty());
         assert!(take_stale(&sched, &mv).is_none());
         // The same value again (an exact run that agrees) makes 1 a suspect, found current.
-        mv.write(0, 1, &value(1), &[], Some(&mut next));
+        mv.write(0, 1, &value(1), &[], &mut next);
         assert_eq!(next, [1]);
         sched.suspect(&next);
         assert!(take_stale(&sched, &mv).is_none());
         assert_eq!(sched.status(1), DONE);
         // Another value: 1 is stale, and back to RUNNING for this thread.
         next.clear();
-        mv.write(0, 1, &value(7), &[], Some(&mut next));
+        mv.write(0, 1, &value(7), &[], &mut next);
         sched.suspect(&next);
         assert_eq!(take_stale(&sched, &mv), Some((1, vec![slot])));
         assert_eq!(sched.status(1), RUNNING);

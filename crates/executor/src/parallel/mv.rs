@@ -307,21 +307,21 @@ impl MvMemory {
     }
 
     /// Records the writes of `writer` (incarnation `incarnation`), replacing whatever it wrote
-    /// before at the same locations; `stale` lists its previous locations that the new write
-    /// set no longer contains, which are removed.
+    /// before at the same locations; those of `previous` (the locations an earlier run of it
+    /// published) that the new writes leave out are removed.
     ///
-    /// With `next_writers`, it also collects, per location given an absolute value (or
-    /// removed), the lowest transaction above `writer` that wrote there already: the one most
-    /// likely to have read that location before this write (a read-modify-write, such as the
-    /// next swap on a pair) and so to have run on a value that is no longer the one below it.
-    /// Lazy deltas are left out: a delta's readers are credited at commit, not invalidated.
+    /// It also adds to `next_writers`, per location given an absolute value (or removed), the
+    /// lowest transaction above `writer` that wrote there already: the one most likely to have
+    /// read that location before this write (a read-modify-write, such as the next swap on a
+    /// pair) and so to have run on a value that is no longer the one below it. Lazy deltas are
+    /// left out: a delta's readers are credited at commit, not invalidated.
     pub(crate) fn write(
         &self,
         writer: TxIdx,
         incarnation: u32,
         writes: &[(Location, MvValue)],
-        stale: &[Location],
-        mut next_writers: Option<&mut Vec<TxIdx>>,
+        previous: &[Location],
+        next_writers: &mut Vec<TxIdx>,
     ) {
         for (location, value) in writes {
             if matches!(location, Location::Wipe(_)) {
@@ -356,24 +356,22 @@ impl MvMemory {
                     i
                 }
             };
-            if let Some(next) = next_writers.as_deref_mut()
-                && !matches!(value, MvValue::Delta(_))
+            if !matches!(value, MvValue::Delta(_))
                 && let Some(&above) = versions.txs.get(at + 1)
             {
-                next.push(above);
+                next_writers.push(above);
             }
         }
+        let stale = previous
+            .iter()
+            .filter(|l| !writes.iter().any(|(w, _)| w == *l));
         for location in stale {
             let mut shard = self.shard(location);
             if let Some(versions) = shard.get_mut(location)
                 && let Ok(i) = versions.find(writer)
             {
                 versions.remove(i);
-                if let Some(next) = next_writers.as_deref_mut()
-                    && let Some(&above) = versions.txs.get(i)
-                {
-                    next.push(above);
-                }
+                next_writers.extend(versions.txs.get(i));
             }
         }
     }
@@ -407,6 +405,11 @@ impl MvMemory {
 mod tests {
     use super::*;
 
+    /// A first run's writes, published.
+    fn put(mv: &MvMemory, tx: TxIdx, writes: &[(Location, MvValue)]) {
+        mv.write(tx, 0, writes, &[], &mut Vec::new());
+    }
+
     fn info(balance: u64) -> Option<AccountInfo> {
         Some(AccountInfo {
             balance: U256::from(balance),
@@ -419,8 +422,8 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(1);
         let loc = Location::Account(a);
-        mv.write(2, 0, &[(loc, MvValue::Account(info(20)))], &[], None);
-        mv.write(5, 0, &[(loc, MvValue::Account(info(50)))], &[], None);
+        put(&mv, 2, &[(loc, MvValue::Account(info(20)))]);
+        put(&mv, 5, &[(loc, MvValue::Account(info(50)))]);
         assert!(matches!(mv.read_account(a, 2), AccountRead::Base { .. }));
         assert!(
             matches!(mv.read_account(a, 3), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
@@ -430,7 +433,7 @@ mod tests {
         );
         mv.mark_estimates(5, &[loc]);
         assert!(matches!(mv.read_account(a, 9), AccountRead::Blocked(5)));
-        mv.write(5, 1, &[], &[loc], None);
+        mv.write(5, 1, &[], &[loc], &mut Vec::new());
         assert!(
             matches!(mv.read_account(a, 9), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
         );
@@ -442,12 +445,10 @@ mod tests {
         let mv = MvMemory::new();
         let words = mv.written.len();
         let written = Address::repeat_byte(7);
-        mv.write(
+        put(
+            &mv,
             1,
-            0,
             &[(Location::Account(written), MvValue::Account(info(5)))],
-            &[],
-            None,
         );
         // An address whose filter bit is the written one's (a false positive) and one whose
         // bit is not set.
@@ -484,9 +485,9 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(2);
         let loc = Location::Account(a);
-        mv.write(1, 0, &[(loc, MvValue::Delta(U256::from(3)))], &[], None);
-        mv.write(3, 0, &[(loc, MvValue::Account(info(10)))], &[], None);
-        mv.write(4, 0, &[(loc, MvValue::Delta(U256::from(7)))], &[], None);
+        put(&mv, 1, &[(loc, MvValue::Delta(U256::from(3)))]);
+        put(&mv, 3, &[(loc, MvValue::Account(info(10)))]);
+        put(&mv, 4, &[(loc, MvValue::Delta(U256::from(7)))]);
         assert!(
             matches!(mv.read_account(a, 2), AccountRead::Base { delta } if delta == U256::from(3))
         );
@@ -500,23 +501,19 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(3);
         let s = U256::from(9);
-        mv.write(
+        put(
+            &mv,
             1,
-            0,
             &[(Location::Storage(a, s), MvValue::Storage(U256::from(4)))],
-            &[],
-            None,
         );
-        mv.write(2, 0, &[(Location::Wipe(a), MvValue::Wipe)], &[], None);
-        mv.write(
+        put(&mv, 2, &[(Location::Wipe(a), MvValue::Wipe)]);
+        put(
+            &mv,
             4,
-            0,
             &[
                 (Location::Wipe(a), MvValue::Wipe),
                 (Location::Storage(a, s), MvValue::Storage(U256::from(6))),
             ],
-            &[],
-            None,
         );
         assert!(matches!(mv.read_storage(a, s, 1), StorageRead::Base));
         assert!(matches!(mv.read_storage(a, s, 2), StorageRead::Value(v) if v == U256::from(4)));
@@ -533,78 +530,27 @@ mod tests {
         let mv = MvMemory::new();
         let (a, b) = (Address::repeat_byte(1), Address::repeat_byte(2));
         let (la, lb) = (Location::Account(a), Location::Storage(b, U256::from(1)));
-        let mut next = Vec::new();
-        mv.write(
-            7,
-            0,
-            &[(la, MvValue::Account(info(7)))],
-            &[],
-            Some(&mut next),
+        let slot = |v: u64| (lb, MvValue::Storage(U256::from(v)));
+        // The next writers one write names.
+        let write = |tx, incarnation, writes: &[(Location, MvValue)], previous: &[Location]| {
+            let mut next = Vec::new();
+            mv.write(tx, incarnation, writes, previous, &mut next);
+            next
+        };
+        assert!(write(7, 0, &[(la, MvValue::Account(info(7)))], &[]).is_empty());
+        assert!(write(9, 0, &[(la, MvValue::Account(info(9)))], &[]).is_empty());
+        assert!(write(5, 0, &[slot(5)], &[]).is_empty());
+        assert_eq!(
+            write(3, 0, &[(la, MvValue::Account(info(3))), slot(3)], &[]),
+            [7, 5]
         );
-        mv.write(
-            9,
-            0,
-            &[(la, MvValue::Account(info(9)))],
-            &[],
-            Some(&mut next),
-        );
-        mv.write(
-            5,
-            0,
-            &[(lb, MvValue::Storage(U256::from(5)))],
-            &[],
-            Some(&mut next),
-        );
-        assert!(next.is_empty());
-        mv.write(
-            3,
-            0,
-            &[
-                (la, MvValue::Account(info(3))),
-                (lb, MvValue::Storage(U256::from(3))),
-            ],
-            &[],
-            Some(&mut next),
-        );
-        assert_eq!(next, [7, 5]);
-        next.clear();
-        mv.write(
-            2,
-            0,
-            &[(la, MvValue::Delta(U256::from(1)))],
-            &[],
-            Some(&mut next),
-        );
-        assert!(next.is_empty());
+        assert!(write(2, 0, &[(la, MvValue::Delta(U256::from(1)))], &[]).is_empty());
         // Transaction 3 again, without `la`: its removal names 7.
-        mv.write(
-            3,
-            0,
-            &[(lb, MvValue::Storage(U256::from(4)))],
-            &[la],
-            Some(&mut next),
-        );
-        assert_eq!(next, [5, 7]);
-        next.clear();
+        assert_eq!(write(3, 0, &[slot(4)], &[la, lb]), [5, 7]);
         // An older incarnation does not replace a newer one, and names nobody.
-        mv.write(5, 1, &[(lb, MvValue::Storage(U256::from(6)))], &[], None);
-        mv.write(
-            3,
-            1,
-            &[(lb, MvValue::Storage(U256::from(4)))],
-            &[],
-            Some(&mut next),
-        );
-        assert_eq!(next, [5]);
-        next.clear();
-        mv.write(
-            5,
-            0,
-            &[(lb, MvValue::Storage(U256::from(1)))],
-            &[],
-            Some(&mut next),
-        );
-        assert!(next.is_empty());
+        write(5, 1, &[slot(6)], &[]);
+        assert_eq!(write(3, 1, &[slot(4)], &[]), [5]);
+        assert!(write(5, 0, &[slot(1)], &[]).is_empty());
         assert!(
             matches!(mv.read_storage(b, U256::from(1), 6), StorageRead::Value(v) if v == U256::from(6))
         );

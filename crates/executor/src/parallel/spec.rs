@@ -199,8 +199,6 @@ pub(crate) struct SpecShared<'a, DB> {
     pub new_code: &'a NewCode,
     pub coinbase: Address,
     pub lazy_coinbase: bool,
-    /// Collect the next writers above each publish, for `Scheduler::suspect`.
-    pub respeculate: bool,
 }
 
 /// The database a speculative EVM reads: multi-version memory over the pre-state, recording
@@ -446,7 +444,8 @@ pub(crate) struct Speculator<'a, DB: StateReader> {
     /// The writes of the transaction being published; kept to reuse its allocation.
     writes: Vec<(Location, MvValue)>,
     /// The next writers above the last published transaction's locations (see
-    /// `MvMemory::write`), when the shared state asks for them.
+    /// `MvMemory::write`), for `Scheduler::suspect` (which ignores them when re-speculation
+    /// is off).
     pub(crate) next_writers: Vec<TxIdx>,
     /// Capacity for the next transaction's read list.
     reads_hint: usize,
@@ -549,16 +548,12 @@ impl<'a, DB: StateReader> Speculator<'a, DB> {
                     writes.clear();
                     // Run even when not publishing: it also records deployed code.
                     extract_writes(&state, &reads, shared, writes);
-                    let stale: Vec<Location> = previous
-                        .iter()
-                        .filter(|l| !writes.iter().any(|(w, _)| w == *l))
-                        .copied()
-                        .collect();
-                    let next_writers = shared.respeculate.then_some(&mut self.next_writers);
                     // A run that does not publish had no earlier run that did (`publish` is
                     // fixed per transaction by the hints).
                     let written = if publish {
-                        shared.mv.write(index, 0, writes, &stale, next_writers);
+                        shared
+                            .mv
+                            .write(index, 0, writes, previous, &mut self.next_writers);
                         writes.iter().map(|(l, _)| *l).collect()
                     } else {
                         Vec::new()
@@ -805,7 +800,7 @@ mod tests {
             (Location::Storage(b, slot), MvValue::Storage(U256::from(5))),
             (Location::Account(c), MvValue::Account(Some(contract(None)))),
         ];
-        mv.write(1, 0, &same, &[], None);
+        mv.write(1, 0, &same, &[], &mut Vec::new());
         assert!(!stale_in(&mv, 4, &reads));
         // A write above the reader changes nothing for it.
         mv.write(
@@ -813,7 +808,7 @@ mod tests {
             0,
             &[(Location::Storage(b, slot), MvValue::Storage(U256::from(6)))],
             &[],
-            None,
+            &mut Vec::new(),
         );
         assert!(!stale_in(&mv, 4, &reads));
         // Another value below it does.
@@ -822,7 +817,7 @@ mod tests {
             0,
             &[(Location::Storage(b, slot), MvValue::Storage(U256::from(6)))],
             &[],
-            None,
+            &mut Vec::new(),
         );
         assert!(stale_in(&mv, 4, &reads));
         assert!(!stale_in(&mv, 2, &reads));
@@ -837,7 +832,7 @@ mod tests {
             0,
             &[(Location::Account(a), MvValue::Account(Some(richer)))],
             &[],
-            None,
+            &mut Vec::new(),
         );
         assert!(stale_in(&mv, 4, &reads[..1]));
         let fresh = MvMemory::new();
@@ -846,7 +841,7 @@ mod tests {
             0,
             &[(Location::Account(a), MvValue::Delta(U256::from(1)))],
             &[],
-            None,
+            &mut Vec::new(),
         );
         assert!(stale_in(&fresh, 4, &reads[..1]));
     }
