@@ -402,13 +402,16 @@ impl MvMemory {
 }
 
 #[cfg(test)]
+impl MvMemory {
+    /// A first run's writes, published (the tests' shorthand for [`MvMemory::write`]).
+    pub(crate) fn put(&self, tx: TxIdx, writes: &[(Location, MvValue)]) {
+        self.write(tx, 0, writes, &[], &mut Vec::new());
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A first run's writes, published.
-    fn put(mv: &MvMemory, tx: TxIdx, writes: &[(Location, MvValue)]) {
-        mv.write(tx, 0, writes, &[], &mut Vec::new());
-    }
 
     fn info(balance: u64) -> Option<AccountInfo> {
         Some(AccountInfo {
@@ -422,8 +425,8 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(1);
         let loc = Location::Account(a);
-        put(&mv, 2, &[(loc, MvValue::Account(info(20)))]);
-        put(&mv, 5, &[(loc, MvValue::Account(info(50)))]);
+        mv.put(2, &[(loc, MvValue::Account(info(20)))]);
+        mv.put(5, &[(loc, MvValue::Account(info(50)))]);
         assert!(matches!(mv.read_account(a, 2), AccountRead::Base { .. }));
         assert!(
             matches!(mv.read_account(a, 3), AccountRead::Value(Some(i)) if i.balance == U256::from(20))
@@ -445,8 +448,7 @@ mod tests {
         let mv = MvMemory::new();
         let words = mv.written.len();
         let written = Address::repeat_byte(7);
-        put(
-            &mv,
+        mv.put(
             1,
             &[(Location::Account(written), MvValue::Account(info(5)))],
         );
@@ -485,9 +487,9 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(2);
         let loc = Location::Account(a);
-        put(&mv, 1, &[(loc, MvValue::Delta(U256::from(3)))]);
-        put(&mv, 3, &[(loc, MvValue::Account(info(10)))]);
-        put(&mv, 4, &[(loc, MvValue::Delta(U256::from(7)))]);
+        mv.put(1, &[(loc, MvValue::Delta(U256::from(3)))]);
+        mv.put(3, &[(loc, MvValue::Account(info(10)))]);
+        mv.put(4, &[(loc, MvValue::Delta(U256::from(7)))]);
         assert!(
             matches!(mv.read_account(a, 2), AccountRead::Base { delta } if delta == U256::from(3))
         );
@@ -501,14 +503,12 @@ mod tests {
         let mv = MvMemory::new();
         let a = Address::repeat_byte(3);
         let s = U256::from(9);
-        put(
-            &mv,
+        mv.put(
             1,
             &[(Location::Storage(a, s), MvValue::Storage(U256::from(4)))],
         );
-        put(&mv, 2, &[(Location::Wipe(a), MvValue::Wipe)]);
-        put(
-            &mv,
+        mv.put(2, &[(Location::Wipe(a), MvValue::Wipe)]);
+        mv.put(
             4,
             &[
                 (Location::Wipe(a), MvValue::Wipe),

@@ -800,24 +800,18 @@ mod tests {
             (Location::Storage(b, slot), MvValue::Storage(U256::from(5))),
             (Location::Account(c), MvValue::Account(Some(contract(None)))),
         ];
-        mv.write(1, 0, &same, &[], &mut Vec::new());
+        mv.put(1, &same);
         assert!(!stale_in(&mv, 4, &reads));
         // A write above the reader changes nothing for it.
-        mv.write(
+        mv.put(
             6,
-            0,
             &[(Location::Storage(b, slot), MvValue::Storage(U256::from(6)))],
-            &[],
-            &mut Vec::new(),
         );
         assert!(!stale_in(&mv, 4, &reads));
         // Another value below it does.
-        mv.write(
+        mv.put(
             2,
-            0,
             &[(Location::Storage(b, slot), MvValue::Storage(U256::from(6)))],
-            &[],
-            &mut Vec::new(),
         );
         assert!(stale_in(&mv, 4, &reads));
         assert!(!stale_in(&mv, 2, &reads));
@@ -827,22 +821,10 @@ mod tests {
         // An account changed below the reader, or credited lazily where it read the pre-state.
         let mut richer = contract(None);
         richer.balance += U256::from(1);
-        mv.write(
-            3,
-            0,
-            &[(Location::Account(a), MvValue::Account(Some(richer)))],
-            &[],
-            &mut Vec::new(),
-        );
+        mv.put(3, &[(Location::Account(a), MvValue::Account(Some(richer)))]);
         assert!(stale_in(&mv, 4, &reads[..1]));
         let fresh = MvMemory::new();
-        fresh.write(
-            0,
-            0,
-            &[(Location::Account(a), MvValue::Delta(U256::from(1)))],
-            &[],
-            &mut Vec::new(),
-        );
+        fresh.put(0, &[(Location::Account(a), MvValue::Delta(U256::from(1)))]);
         assert!(stale_in(&fresh, 4, &reads[..1]));
     }
 }
