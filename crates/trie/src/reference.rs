@@ -3,7 +3,7 @@
 
 use crate::state::HashedPostState;
 use alloy_primitives::{B256, U256, keccak256, map::HashMap};
-use alloy_trie::{BranchNodeCompact, EMPTY_ROOT_HASH, HashBuilder, Nibbles, TrieAccount};
+use alloy_trie::{BranchNodeCompact, EMPTY_ROOT_HASH, HashBuilder, Nibbles, TrieAccount, TrieMask};
 use overdrive_primitives::MemState;
 use std::collections::BTreeMap;
 
@@ -61,7 +61,12 @@ pub fn state_root(state: &MemState) -> B256 {
         let root = storage_root(&account.storage);
         (
             keccak256(address),
-            TrieAccount::new(info.nonce, info.balance, root, info.code_hash),
+            TrieAccount {
+                nonce: info.nonce,
+                balance: info.balance,
+                storage_root: root,
+                code_hash: info.code_hash,
+            },
         )
     }))
 }
@@ -76,25 +81,58 @@ pub fn post_state_root(state: &HashedPostState) -> B256 {
         });
         Some((
             *address,
-            TrieAccount::new(account.nonce, account.balance, root, account.code_hash),
+            TrieAccount {
+                nonce: account.nonce,
+                balance: account.balance,
+                storage_root: root,
+                code_hash: account.code_hash,
+            },
         ))
     }))
 }
 
 /// Every branch node a full build produces, by path, with the root hash: what an independent
 /// builder says the stored trie must contain. `leaves` as in [`root_of_sorted`].
+///
+/// The `HashBuilder` of reth's alloy-trie version reports only the branches with a tree or hash
+/// mask (those reth stores); the others, whose masks are both empty, follow from the keys: a
+/// branch stands at the longest common prefix of every two neighbouring keys, with one child per
+/// next nibble of the keys below it.
 pub fn branch_nodes<'a>(
     leaves: impl IntoIterator<Item = (Nibbles, &'a [u8])>,
 ) -> (B256, BTreeMap<Nibbles, BranchNodeCompact>) {
-    let mut builder = HashBuilder::default()
-        .with_updates(true)
-        .with_all_branch_nodes(true);
+    let mut builder = HashBuilder::default().with_updates(true);
+    let mut keys: Vec<Nibbles> = Vec::new();
     for (key, value) in leaves {
         builder.add_leaf(key, value);
+        keys.push(key);
     }
     let root = builder.root();
-    let (_, nodes) = builder.split();
-    (root, nodes.into_iter().collect())
+    let (_, stored) = builder.split();
+    let mut nodes: BTreeMap<Nibbles, BranchNodeCompact> = BTreeMap::new();
+    for pair in keys.windows(2) {
+        let common = pair[0].common_prefix_length(&pair[1]);
+        let path = pair[0].slice(..common);
+        let node = nodes.entry(path).or_insert_with(|| {
+            BranchNodeCompact::new(
+                TrieMask::default(),
+                TrieMask::default(),
+                TrieMask::default(),
+                Vec::new(),
+                None,
+            )
+        });
+        node.state_mask.set_bit(pair[0].get_unchecked(common));
+        node.state_mask.set_bit(pair[1].get_unchecked(common));
+    }
+    for (path, node) in stored {
+        debug_assert_eq!(
+            nodes.get(&path).map(|n| n.state_mask),
+            Some(node.state_mask)
+        );
+        nodes.insert(path, node);
+    }
+    (root, nodes)
 }
 
 #[cfg(test)]
@@ -144,12 +182,12 @@ mod tests {
             alloy_trie::root::state_root_unhashed(state.accounts.iter().map(|(a, acc)| {
                 (
                     *a,
-                    TrieAccount::new(
-                        acc.info.nonce,
-                        acc.info.balance,
-                        storage_root(&acc.storage),
-                        acc.info.code_hash,
-                    ),
+                    TrieAccount {
+                        nonce: acc.info.nonce,
+                        balance: acc.info.balance,
+                        storage_root: storage_root(&acc.storage),
+                        code_hash: acc.info.code_hash,
+                    },
                 )
             }));
         assert_eq!(state_root(&state), expected);

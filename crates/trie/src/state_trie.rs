@@ -146,12 +146,12 @@ impl LeafOp for KeyedAccountOp {
                     (None, Some(old)) => self.decode_old(old)?.storage_root,
                     (None, None) => EMPTY_ROOT_HASH,
                 };
-                TrieAccount::new(
-                    account.nonce,
-                    account.balance,
+                TrieAccount {
+                    nonce: account.nonce,
+                    balance: account.balance,
                     storage_root,
-                    account.code_hash,
-                )
+                    code_hash: account.code_hash,
+                }
             }
             AccountOp::StorageRoot(root) => {
                 let old = old.ok_or(TrieError::MissingAccount(self.address))?;
@@ -865,7 +865,12 @@ mod tests {
                 storage_root,
             );
             let info = &account.info;
-            let leaf = TrieAccount::new(info.nonce, info.balance, storage_root, info.code_hash);
+            let leaf = TrieAccount {
+                nonce: info.nonce,
+                balance: info.balance,
+                storage_root,
+                code_hash: info.code_hash,
+            };
             account_leaves.insert(Nibbles::unpack(hashed), alloy_rlp::encode(leaf));
         }
         assert_branches_match_hash_builder(

@@ -303,7 +303,12 @@ pub(crate) fn state_root(state: &MemState) -> B256 {
         .map(|(address, account)| {
             let storage_root = storage_root(&account.storage);
             let info = &account.info;
-            let trie = TrieAccount::new(info.nonce, info.balance, storage_root, info.code_hash);
+            let trie = TrieAccount {
+                nonce: info.nonce,
+                balance: info.balance,
+                storage_root,
+                code_hash: info.code_hash,
+            };
             (alloy_primitives::keccak256(address), trie)
         })
         .collect();

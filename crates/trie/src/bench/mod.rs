@@ -229,7 +229,13 @@ struct FlatState {
 fn encode_account(roots: &B256Map<B256>) -> impl FnMut(&B256, &HashedAccount, &mut Vec<u8>) + '_ {
     |address, account, out| {
         let root = roots.get(address).copied().unwrap_or(EMPTY_ROOT_HASH);
-        TrieAccount::new(account.nonce, account.balance, root, account.code_hash).encode(out);
+        TrieAccount {
+            nonce: account.nonce,
+            balance: account.balance,
+            storage_root: root,
+            code_hash: account.code_hash,
+        }
+        .encode(out);
     }
 }
 
