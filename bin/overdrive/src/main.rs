@@ -1,6 +1,7 @@
 //! `overdrive`: runs overdrive's components. Subcommands: `init` (genesis), `ef-tests`
 //! (ethereum/tests fixtures), `bench exec` and `bench trie` (measured comparisons against the
-//! references). `--metrics <ADDR>` serves the components' Prometheus metrics meanwhile.
+//! references), `chain export` (generated chains for other clients to import). `--metrics
+//! <ADDR>` serves the components' Prometheus metrics meanwhile.
 
 mod allocator;
 mod commands;
@@ -36,6 +37,9 @@ enum Command {
     /// Benchmarks: new vs reference, same data, same process.
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
+    /// Generated chains for other clients: `chain export`.
+    #[command(subcommand)]
+    Chain(commands::chain::ChainCommand),
 }
 
 /// Where the setup scripts put contract artifacts and the mainnet allocation.
@@ -59,6 +63,7 @@ fn main() -> eyre::Result<()> {
         Command::Init(args) => commands::init::run(args),
         Command::EfTests(args) => commands::ef_tests::run(args),
         Command::Bench(cmd) => commands::bench::run(cmd),
+        Command::Chain(cmd) => commands::chain::run(cmd),
     }
 }
 

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod chain;
 pub mod ef_tests;
 pub mod init;
 mod split;

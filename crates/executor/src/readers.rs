@@ -1,0 +1,339 @@
+//! State readers the parallel executor can share across its threads, built from sources it
+//! cannot share directly: a database handle that is `Send` but not `Sync` (one is opened per
+//! thread), and the changes of earlier blocks not yet written to that database (read through).
+
+use crate::StateReader;
+use alloy_primitives::{Address, B256, U256};
+use revm::{
+    DatabaseRef,
+    database::BundleState,
+    state::{AccountInfo, Bytecode},
+};
+use std::fmt;
+use thread_local::ThreadLocal;
+
+/// The state after the blocks of `bundle` on top of `base`: what revm's `State` reads when the
+/// bundle is preloaded (`use_preloaded_bundle`). An account the bundle holds is read from it
+/// whole; a slot it does not hold is zero when the account's storage is known there (created
+/// or destroyed within the bundle's blocks) and `base`'s otherwise.
+///
+/// A block executor that keeps one `State` over several blocks accumulates them in its bundle
+/// while its database stays at the first block's parent: this is the next block's pre-state.
+pub struct BundleOverlay<'a, R> {
+    bundle: &'a BundleState,
+    base: R,
+}
+
+impl<'a, R> BundleOverlay<'a, R> {
+    /// `base` with `bundle`'s present values on top.
+    pub fn new(bundle: &'a BundleState, base: R) -> Self {
+        Self { bundle, base }
+    }
+}
+
+impl<R: fmt::Debug> fmt::Debug for BundleOverlay<'_, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BundleOverlay")
+            .field("accounts", &self.bundle.state.len())
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+impl<R: DatabaseRef> DatabaseRef for BundleOverlay<'_, R> {
+    type Error = R::Error;
+
+    fn basic_ref(&self, address: Address) -> Result<Option<AccountInfo>, Self::Error> {
+        match self.bundle.state.get(&address) {
+            Some(account) => Ok(account.info.clone()),
+            None => self.base.basic_ref(address),
+        }
+    }
+
+    fn code_by_hash_ref(&self, code_hash: B256) -> Result<Bytecode, Self::Error> {
+        match self.bundle.contracts.get(&code_hash) {
+            Some(code) => Ok(code.clone()),
+            None => self.base.code_by_hash_ref(code_hash),
+        }
+    }
+
+    fn storage_ref(&self, address: Address, index: U256) -> Result<U256, Self::Error> {
+        if let Some(account) = self.bundle.state.get(&address) {
+            if let Some(slot) = account.storage.get(&index) {
+                return Ok(slot.present_value);
+            }
+            if account.status.is_storage_known() {
+                return Ok(U256::ZERO);
+            }
+        }
+        self.base.storage_ref(address, index)
+    }
+
+    fn block_hash_ref(&self, number: u64) -> Result<B256, Self::Error> {
+        self.base.block_hash_ref(number)
+    }
+}
+
+/// One reader per thread, each opened by `open` on the thread's first read and kept until this
+/// is dropped: shares a source whose handles are `Send` but not `Sync` (a read-only database
+/// transaction) without sharing a handle. Every handle must read the same state; `open` is
+/// where that is decided.
+pub struct PerThreadReader<D: Send, F> {
+    open: F,
+    readers: ThreadLocal<D>,
+}
+
+impl<D: Send, F> PerThreadReader<D, F> {
+    /// A reader whose threads each open their own handle with `open`.
+    pub fn new(open: F) -> Self {
+        Self {
+            open,
+            readers: ThreadLocal::new(),
+        }
+    }
+
+    /// How many threads opened a handle so far.
+    pub fn opened(&mut self) -> usize {
+        self.readers.iter_mut().count()
+    }
+}
+
+impl<D: Send, F> fmt::Debug for PerThreadReader<D, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerThreadReader").finish_non_exhaustive()
+    }
+}
+
+impl<D, F> PerThreadReader<D, F>
+where
+    D: DatabaseRef + Send,
+    F: Fn() -> Result<D, D::Error>,
+{
+    fn reader(&self) -> Result<&D, D::Error> {
+        self.readers.get_or_try(&self.open)
+    }
+}
+
+impl<D, F> DatabaseRef for PerThreadReader<D, F>
+where
+    D: DatabaseRef + Send,
+    F: Fn() -> Result<D, D::Error>,
+{
+    type Error = D::Error;
+
+    fn basic_ref(&self, address: Address) -> Result<Option<AccountInfo>, Self::Error> {
+        self.reader()?.basic_ref(address)
+    }
+
+    fn code_by_hash_ref(&self, code_hash: B256) -> Result<Bytecode, Self::Error> {
+        self.reader()?.code_by_hash_ref(code_hash)
+    }
+
+    fn storage_ref(&self, address: Address, index: U256) -> Result<U256, Self::Error> {
+        self.reader()?.storage_ref(address, index)
+    }
+
+    fn block_hash_ref(&self, number: u64) -> Result<B256, Self::Error> {
+        self.reader()?.block_hash_ref(number)
+    }
+}
+
+/// Compile-time check that both readers qualify as a [`StateReader`] when their parts do.
+#[allow(dead_code)]
+fn readers_are_state_readers<R: StateReader, D: DatabaseRef<Error = R::Error> + Send>(
+    bundle: &BundleState,
+    base: R,
+    open: impl Fn() -> Result<D, R::Error> + Sync,
+) {
+    fn check<S: StateReader>(_: &S) {}
+    check(&BundleOverlay::new(bundle, base));
+    check(&PerThreadReader::new(open));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{address, map::HashMap};
+    use revm::{
+        Database, DatabaseCommit,
+        database::{CacheDB, EmptyDB, State, states::bundle_state::BundleRetention},
+        state::{Account, AccountStatus, EvmStorageSlot},
+    };
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const A: Address = address!("0x00000000000000000000000000000000000000aa");
+    const B: Address = address!("0x00000000000000000000000000000000000000bb");
+    const C: Address = address!("0x00000000000000000000000000000000000000cc");
+
+    fn info(balance: u64, nonce: u64) -> AccountInfo {
+        AccountInfo {
+            balance: U256::from(balance),
+            nonce,
+            ..Default::default()
+        }
+    }
+
+    /// A base with A (slots 1, 2) and B (slot 1); C absent.
+    fn base() -> CacheDB<EmptyDB> {
+        let mut db = CacheDB::new(EmptyDB::new());
+        db.insert_account_info(A, info(10, 1));
+        db.insert_account_storage(A, U256::from(1), U256::from(11))
+            .unwrap();
+        db.insert_account_storage(A, U256::from(2), U256::from(12))
+            .unwrap();
+        db.insert_account_info(B, info(20, 2));
+        db.insert_account_storage(B, U256::from(1), U256::from(21))
+            .unwrap();
+        db
+    }
+
+    fn touched(info: AccountInfo, storage: &[(u64, u64, u64)], status: AccountStatus) -> Account {
+        let mut account =
+            Account::from(info).with_storage(storage.iter().map(|&(slot, original, present)| {
+                (
+                    U256::from(slot),
+                    EvmStorageSlot::new_changed(
+                        U256::from(original),
+                        U256::from(present),
+                        revm::state::TransactionId::ZERO,
+                    ),
+                )
+            }));
+        account.status |= status;
+        account.mark_touch();
+        account
+    }
+
+    /// Two blocks on a `State` over `base()`: A's slot 1 changes, B is destroyed (pre-Cancun
+    /// rules), C is created with a slot.
+    fn two_blocks() -> State<CacheDB<EmptyDB>> {
+        let mut state = State::builder()
+            .with_database(base())
+            .with_bundle_update()
+            .build();
+        for address in [A, B, C] {
+            state.basic(address).unwrap();
+        }
+        state.storage(A, U256::from(1)).unwrap();
+        state.commit(HashMap::from_iter([(
+            A,
+            touched(info(9, 2), &[(1, 11, 111)], AccountStatus::empty()),
+        )]));
+        state.merge_transitions(BundleRetention::Reverts);
+        state.commit(HashMap::from_iter([
+            (B, touched(info(0, 0), &[], AccountStatus::SelfDestructed)),
+            (
+                C,
+                touched(info(5, 1), &[(7, 0, 77)], AccountStatus::Created),
+            ),
+        ]));
+        state.merge_transitions(BundleRetention::Reverts);
+        state
+    }
+
+    /// The overlay reads what revm's `State` reads with the same bundle preloaded.
+    #[test]
+    fn overlay_reads_as_a_preloaded_state() {
+        let bundle = two_blocks().take_bundle();
+        let overlay = BundleOverlay::new(&bundle, base());
+        let mut preloaded = State::builder()
+            .with_database(base())
+            .with_bundle_prestate(bundle.clone())
+            .build();
+        for address in [
+            A,
+            B,
+            C,
+            address!("0x00000000000000000000000000000000000000dd"),
+        ] {
+            assert_eq!(
+                overlay
+                    .basic_ref(address)
+                    .unwrap()
+                    .map(|i| (i.balance, i.nonce)),
+                preloaded
+                    .basic(address)
+                    .unwrap()
+                    .map(|i| (i.balance, i.nonce)),
+                "account {address}"
+            );
+            for slot in [1u64, 2, 7] {
+                assert_eq!(
+                    overlay.storage_ref(address, U256::from(slot)).unwrap(),
+                    preloaded.storage(address, U256::from(slot)).unwrap(),
+                    "slot {slot} of {address}"
+                );
+            }
+        }
+        // The values themselves: A's changed and unchanged slots, B's storage gone, C's new.
+        assert_eq!(
+            overlay.storage_ref(A, U256::from(1)).unwrap(),
+            U256::from(111)
+        );
+        assert_eq!(
+            overlay.storage_ref(A, U256::from(2)).unwrap(),
+            U256::from(12)
+        );
+        assert_eq!(overlay.basic_ref(B).unwrap(), None);
+        assert_eq!(overlay.storage_ref(B, U256::from(1)).unwrap(), U256::ZERO);
+        assert_eq!(
+            overlay.storage_ref(C, U256::from(7)).unwrap(),
+            U256::from(77)
+        );
+        assert_eq!(overlay.storage_ref(C, U256::from(8)).unwrap(), U256::ZERO);
+    }
+
+    /// Each thread opens its own handle once, and reads through it. (A thread that has exited
+    /// hands its handle on to a later one: the threads here overlap.)
+    #[test]
+    fn per_thread_reader_opens_once_per_thread() {
+        let opened = AtomicUsize::new(0);
+        let all_opened = std::sync::Barrier::new(3);
+        let mut reader = PerThreadReader::new(|| {
+            opened.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, std::convert::Infallible>(base())
+        });
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    reader.basic_ref(A).unwrap();
+                    all_opened.wait();
+                    for _ in 0..5 {
+                        assert_eq!(
+                            reader.basic_ref(A).unwrap().unwrap().balance,
+                            U256::from(10)
+                        );
+                        assert_eq!(
+                            reader.storage_ref(B, U256::from(1)).unwrap(),
+                            U256::from(21)
+                        );
+                    }
+                });
+            }
+        });
+        assert_eq!(opened.load(Ordering::Relaxed), 3);
+        assert_eq!(reader.opened(), 3);
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("database closed")]
+    struct Closed;
+    impl revm::database_interface::DBErrorMarker for Closed {}
+
+    /// An `open` that fails fails the read with its error, and is tried again on the next read.
+    #[test]
+    fn per_thread_reader_passes_open_errors_on() {
+        let attempts = AtomicUsize::new(0);
+        let reader = PerThreadReader::new(|| {
+            if attempts.fetch_add(1, Ordering::Relaxed) == 0 {
+                Err(Closed)
+            } else {
+                Ok(revm::database::EmptyDBTyped::<Closed>::new())
+            }
+        });
+        assert!(matches!(reader.basic_ref(A), Err(Closed)));
+        assert_eq!(reader.basic_ref(A).unwrap(), None);
+        assert_eq!(reader.basic_ref(B).unwrap(), None);
+        assert_eq!(attempts.load(Ordering::Relaxed), 2);
+    }
+}
