@@ -15,5 +15,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
 # The fixtures twice: the references alone, then every overdrive component at once.
 cargo build --locked -q -p overdrive
-./target/debug/overdrive ef-tests "$FIXTURES/BlockchainTests" --executor sequential --state-root reference
-./target/debug/overdrive ef-tests "$FIXTURES/BlockchainTests" --executor parallel --threads 2 --state-root overdrive --trie-threads 2
+# Where cargo put it (CARGO_TARGET_DIR or the workspace's target/).
+BIN="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/overdrive"
+"$BIN" ef-tests "$FIXTURES/BlockchainTests" --executor sequential --state-root reference
+"$BIN" ef-tests "$FIXTURES/BlockchainTests" --executor parallel --threads 2 --state-root overdrive --trie-threads 2
+# overdrive inside reth: built and tested where a reth source tree can be had.
+bash scripts/test-reth.sh

@@ -40,6 +40,44 @@ pub enum Pinning {
     From(usize),
 }
 
+/// A rayon pool whose threads have ended when it is dropped.
+///
+/// A dropped rayon pool lets its threads end on their own, later. A thread that ends runs its
+/// thread-local destructors, and some libraries' (RocksDB's, through reth's database) lock
+/// process-wide state there: a worker still ending while the process exits, after that state
+/// was destroyed, aborts the process. Dropping this joins the workers first.
+#[derive(Debug)]
+pub struct WorkerPool {
+    pool: Option<ThreadPool>,
+    threads: std::sync::Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>,
+}
+
+impl std::ops::Deref for WorkerPool {
+    type Target = ThreadPool;
+
+    fn deref(&self) -> &ThreadPool {
+        self.pool.as_ref().expect("the pool lives until dropped")
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        // A worker dropping its own pool cannot wait for itself to end.
+        let inside = self
+            .pool
+            .as_ref()
+            .is_some_and(|pool| pool.current_thread_index().is_some());
+        drop(self.pool.take());
+        if inside {
+            return;
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Starts a pool of `threads` workers (at least one) named `{name}-{i}`.
 ///
 /// Pinning is best effort: a worker that cannot be bound (an unsupported platform, a
@@ -48,7 +86,7 @@ pub fn worker_pool(
     name: &str,
     threads: usize,
     pinning: Pinning,
-) -> Result<ThreadPool, ThreadPoolBuildError> {
+) -> Result<WorkerPool, ThreadPoolBuildError> {
     let threads = threads.max(1);
     let cores = match pinning {
         Pinning::Off => None,
@@ -56,7 +94,9 @@ pub fn worker_pool(
         Pinning::From(first) => pin_cores(first, threads),
     };
     let name = name.to_string();
-    ThreadPoolBuilder::new()
+    let handles = std::sync::Arc::new(std::sync::Mutex::new(Vec::with_capacity(threads)));
+    let spawned = handles.clone();
+    let pool = ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("{name}-{i}"))
         .start_handler(move |i| {
@@ -66,7 +106,26 @@ pub fn worker_pool(
                 tracing::debug!(worker = i, core = core.id, "could not pin worker");
             }
         })
-        .build()
+        .spawn_handler(move |thread| {
+            let mut builder = std::thread::Builder::new();
+            if let Some(name) = thread.name() {
+                builder = builder.name(name.to_string());
+            }
+            if let Some(size) = thread.stack_size() {
+                builder = builder.stack_size(size);
+            }
+            let handle = builder.spawn(|| thread.run())?;
+            spawned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(handle);
+            Ok(())
+        })
+        .build()?;
+    Ok(WorkerPool {
+        pool: Some(pool),
+        threads: handles,
+    })
 }
 
 /// The cores `threads` pinned workers take, in order from the `first`-th allowed core, or
@@ -256,6 +315,23 @@ impl RoundTrips {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every worker has ended, its thread-local destructors run, once the pool is dropped.
+    #[test]
+    fn dropping_a_pool_ends_its_workers() {
+        static ENDED: AtomicU64 = AtomicU64::new(0);
+        struct CountsItsEnd;
+        impl Drop for CountsItsEnd {
+            fn drop(&mut self) {
+                ENDED.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        thread_local!(static MARK: std::cell::RefCell<Option<CountsItsEnd>> = const { std::cell::RefCell::new(None) });
+        let pool = worker_pool("ending", 3, Pinning::Off).unwrap();
+        pool.broadcast(|_| MARK.with(|m| *m.borrow_mut() = Some(CountsItsEnd)));
+        drop(pool);
+        assert_eq!(ENDED.load(Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn process_cpu_time_counts_work() {

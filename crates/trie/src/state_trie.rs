@@ -11,8 +11,8 @@ use crate::{
 use alloy_primitives::{B256, U256, map::B256Map};
 use alloy_rlp::{Decodable, Encodable};
 use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieAccount};
-use overdrive_tasks::{Pinning, worker_pool};
-use rayon::{ThreadPool, prelude::*};
+use overdrive_tasks::{Pinning, WorkerPool, worker_pool};
+use rayon::prelude::*;
 use std::{cmp::Reverse, sync::Arc, time::Instant};
 
 /// Tasks per worker that a trie's updates are cut into, at most: enough for work stealing to
@@ -99,7 +99,7 @@ pub struct StateRootOutput {
 pub struct StateTrie<S = MemNodeStore> {
     store: S,
     config: TrieConfig,
-    pool: Arc<ThreadPool>,
+    pool: Arc<WorkerPool>,
     root: B256,
 }
 
@@ -288,7 +288,7 @@ impl<S: NodeStore> StateTrie<S> {
     pub fn with_pool(
         store: S,
         config: TrieConfig,
-        pool: Arc<ThreadPool>,
+        pool: Arc<WorkerPool>,
     ) -> Result<Self, TrieError> {
         if config.parallel_threshold < 2 {
             return Err(TrieError::InvalidConfig(format!(

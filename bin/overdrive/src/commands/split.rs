@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 /// per benchmark, so that every block's parts run on warm threads).
 pub(super) struct SplitReference {
     parts: Vec<RecoveredBlock>,
-    pool: rayon::ThreadPool,
+    pool: overdrive_tasks::WorkerPool,
 }
 
 /// The serial and the concurrent time of one measurement.

@@ -189,7 +189,7 @@ pub struct ParallelExecutor {
     config: ParallelConfig,
     /// `None` when `threads <= 1` or the pool could not be started: everything runs
     /// sequentially then.
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<overdrive_tasks::WorkerPool>,
     /// Statistics of the last parallel block (for benchmarks and tests).
     last_stats: Mutex<Option<CommitStats>>,
     /// Contracts whose undecoded calls conflicted lately, with how many more parallel blocks

@@ -10,7 +10,6 @@
 
 use crate::error::TrieError;
 use overdrive_tasks::{Pinning, worker_pool};
-use rayon::ThreadPool;
 use std::cell::RefCell;
 
 /// Bytes each core writes when the caches' sizes are unknown.
@@ -30,7 +29,7 @@ thread_local! {
 
 /// A thread on every core, each writing its own buffer on [`Evictor::evict`].
 pub(super) struct Evictor {
-    pool: ThreadPool,
+    pool: overdrive_tasks::WorkerPool,
     bytes: usize,
 }
 

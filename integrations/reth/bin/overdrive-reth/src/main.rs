@@ -1,0 +1,109 @@
+//! `overdrive-reth`: reth v2.5.1 (every subcommand and flag) with overdrive's components behind
+//! `--overdrive.*` flags. With no flag it is stock reth.
+
+use clap::{Parser, Subcommand};
+use overdrive_reth_components::{
+    OverdriveArgs, OverdriveNode, exex, import::ImportCommand, split_args,
+};
+use reth_ethereum::cli::{
+    chainspec::EthereumChainSpecParser,
+    interface::{Cli, Commands},
+};
+use reth_ethereum_cli::app::ExtendedCommand;
+use reth_rpc_server_types::DefaultRpcModuleValidator;
+use std::ffi::OsString;
+
+#[global_allocator]
+static ALLOC: reth_cli_util::allocator::Allocator = reth_cli_util::allocator::new_allocator();
+
+/// overdrive-reth's own subcommands, run in place of reth's when a component is on.
+#[derive(Debug, Subcommand)]
+enum OverdriveCommands {
+    /// reth's `import`, with the database handed to overdrive's executor.
+    #[command(name = "overdrive-import", hide = true)]
+    Import(Box<ImportCommand>),
+}
+
+impl ExtendedCommand for OverdriveCommands {
+    fn execute(self, runner: reth_cli_runner::CliRunner) -> eyre::Result<()> {
+        match self {
+            Self::Import(command) => command.run(runner),
+        }
+    }
+}
+
+/// reth logs an error for every block whose receipts were not streamed to its receipt-root
+/// task while it executed: a whole-block executor hands them over at the end, and the receipt
+/// root is then computed from the block's output instead. Not an error here.
+const WHOLE_BLOCK_LOG_FILTER: &str = "engine::tree::payload_processor[receipt_root]=off,engine::tree::payload_validator[wait_receipt_root]=off";
+
+fn main() -> eyre::Result<()> {
+    reth_cli_util::sigsegv_handler::install();
+    if std::env::var_os("RUST_BACKTRACE").is_none() {
+        // SAFETY: no other thread runs yet.
+        unsafe { std::env::set_var("RUST_BACKTRACE", "1") };
+    }
+
+    let (mut argv, args) = match split_args(std::env::args_os()) {
+        Ok(split) => split,
+        Err(e) => e.exit(),
+    };
+    // `import` needs the database opened before its EVM configuration is built.
+    if args.any_on()
+        && let Some(command) = argv
+            .iter_mut()
+            .skip(1)
+            .find(|a| !a.to_string_lossy().starts_with('-'))
+        && command == "import"
+    {
+        *command = OsString::from("overdrive-import");
+    }
+    let mut cli = Cli::<
+        EthereumChainSpecParser,
+        OverdriveArgs,
+        DefaultRpcModuleValidator,
+        OverdriveCommands,
+    >::parse_from(argv);
+    if let Commands::Ext(OverdriveCommands::Import(command)) = &mut cli.command {
+        command.overdrive = args.clone();
+    }
+    if args.any_on() {
+        for filter in [
+            &mut cli.logs.log_stdout_filter,
+            &mut cli.logs.log_file_filter,
+        ] {
+            if !filter.is_empty() {
+                filter.push(',');
+            }
+            filter.push_str(WHOLE_BLOCK_LOG_FILTER);
+        }
+    }
+
+    let offline = args.clone();
+    cli.run_with_components::<OverdriveNode>(
+        move |spec| {
+            if offline.any_on() {
+                tracing::warn!(
+                    target: "overdrive",
+                    "this command runs reth's executor: {} applies to `node` and `import` only",
+                    offline.summary()
+                );
+            }
+            OverdriveNode::cli_components(spec)
+        },
+        async move |builder, _| {
+            tracing::info!(target: "overdrive", "overdrive components: {}", args.summary());
+            exex::describe_metrics();
+            let node = OverdriveNode::new(args.clone());
+            let log = node.block_log().clone();
+            let handle = builder
+                .node(node)
+                .install_exex_if(args.any_on(), "overdrive-timings", async move |ctx| {
+                    Ok(exex::timings_exex(ctx, log))
+                })
+                .launch_with_debug_capabilities()
+                .await?;
+            handle.wait_for_node_exit().await
+        },
+    )
+}

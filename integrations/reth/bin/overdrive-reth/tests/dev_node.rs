@@ -1,0 +1,177 @@
+//! `overdrive-reth node --dev` under a stream of pre-signed transactions: it mines them all,
+//! and with `--overdrive.exec parallel` the engine validates the blocks on overdrive's parallel
+//! executor (counted by the timings ExEx's metrics); without the flag it is stock reth (no
+//! overdrive metrics at all).
+
+mod support;
+
+use alloy_eips::eip2718::Encodable2718;
+use overdrive_chain::Fork;
+use overdrive_workload::{WorkloadConfig, WorkloadKind};
+use std::{
+    process::Child,
+    time::{Duration, Instant},
+};
+
+/// Kills the node when the test ends, however it ends.
+struct Node(Child);
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs a dev node with `flags` on the workload's genesis, sends every transaction of its
+/// blocks, waits until all are mined; returns the node's metrics page.
+fn mine_all(flags: &[&str]) -> String {
+    let workload = overdrive_workload::generate(&WorkloadConfig {
+        accounts: 300,
+        txs_per_block: 150,
+        blocks: 4,
+        ..WorkloadConfig::new(WorkloadKind::Erc20)
+    })
+    .unwrap();
+    let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
+    let dir = support::temp_dir("dev");
+    let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let log = std::fs::File::create(dir.path().join("node.log")).unwrap();
+    let node = Node(
+        support::overdrive_reth()
+            .args(["node", "--dev", "--dev.block-time", "1s", "--chain"])
+            .arg(&genesis)
+            .arg("--datadir")
+            .arg(dir.path().join("data"))
+            .args(["--http", "--http.port", &http.to_string()])
+            .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+            .args([
+                "--port",
+                &support::free_port().to_string(),
+                "--disable-discovery",
+            ])
+            .args([
+                "--authrpc.port",
+                &support::free_port().to_string(),
+                "--ipcdisable",
+            ])
+            .args(flags)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the node's RPC", Duration::from_secs(60), || {
+        support::rpc(http, "eth_blockNumber", serde_json::json!([]))
+    });
+
+    let raw: Vec<String> = workload
+        .blocks
+        .iter()
+        .flat_map(|b| &b.transactions)
+        .map(|tx| {
+            format!(
+                "0x{}",
+                alloy_primitives::hex::encode(tx.inner().encoded_2718())
+            )
+        })
+        .collect();
+    for chunk in raw.chunks(100) {
+        let batch: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, tx)| serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "eth_sendRawTransaction", "params": [tx]}))
+            .collect();
+        let response = support::http(
+            http,
+            "/",
+            Some(&serde_json::Value::Array(batch).to_string()),
+        )
+        .expect("the node answers");
+        assert!(
+            !response.contains("\"error\""),
+            "a transaction was refused: {response}"
+        );
+    }
+    let last = workload
+        .blocks
+        .last()
+        .unwrap()
+        .transactions
+        .last()
+        .unwrap()
+        .hash();
+    wait_for(
+        "every transaction to be mined",
+        Duration::from_secs(120),
+        || {
+            support::rpc(http, "eth_getTransactionReceipt", serde_json::json!([last]))
+                .filter(|r| !r.is_null())
+        },
+    );
+    // The ExEx hears of a block after it is committed: give the last one a moment.
+    std::thread::sleep(Duration::from_secs(2));
+    let page = support::http(metrics, "/", None).expect("the metrics endpoint answers");
+    drop(node);
+    page
+}
+
+/// The sum of a counter's samples whose labels contain `label`.
+fn counter(page: &str, name: &str, label: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.contains(name) && l.contains(label) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn dev_node_validates_blocks_on_the_parallel_executor() {
+    let page = mine_all(&[
+        "--overdrive.exec",
+        "parallel",
+        "--overdrive.exec.threads",
+        "2",
+    ]);
+    let parallel = counter(
+        &page,
+        "overdrive_block_executed_total",
+        "executor=\"parallel\"",
+    );
+    eprintln!(
+        "{}",
+        page.lines()
+            .filter(|l| l.contains("overdrive_block") && !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        parallel >= 1.0,
+        "no block was validated in parallel:\n{page}"
+    );
+    assert_eq!(
+        counter(&page, "overdrive_block_executed_total", "executor=\"reth\""),
+        0.0,
+        "{page}"
+    );
+}
+
+#[test]
+fn dev_node_without_flags_is_stock_reth() {
+    let page = mine_all(&[]);
+    assert!(
+        !page.contains("overdrive_"),
+        "overdrive metrics without a flag:\n{page}"
+    );
+}

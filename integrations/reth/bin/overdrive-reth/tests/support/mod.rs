@@ -1,0 +1,216 @@
+//! What the end-to-end tests share: datadirs made by the binary, reth's view of them, and
+//! conversions from overdrive's generated blocks to reth's.
+
+#![allow(dead_code)]
+
+use alloy_consensus::{Block as AlloyBlock, TxEnvelope, transaction::Recovered};
+use alloy_genesis::{Genesis, GenesisAccount};
+use alloy_primitives::B256;
+use overdrive_primitives::MemState;
+use reth_chainspec::ChainSpec;
+use reth_ethereum_primitives::Block;
+use reth_node_builder::NodeTypesWithDBAdapter;
+use reth_node_ethereum::EthereumNode;
+use reth_primitives_traits::RecoveredBlock;
+use reth_provider::ProviderFactory;
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::Arc,
+};
+
+/// The reth database of a test.
+pub type Factory = ProviderFactory<NodeTypesWithDBAdapter<EthereumNode, reth_db::DatabaseEnv>>;
+
+/// The binary under test.
+pub fn overdrive_reth() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_overdrive-reth"));
+    command.env("RUST_LOG", "info").env_remove("RUST_BACKTRACE");
+    command
+}
+
+/// Runs `command` and fails the test with its output when it fails.
+pub fn run_ok(command: &mut Command) -> Output {
+    let output = command.output().expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A temporary directory, removed when dropped.
+pub fn temp_dir(label: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("overdrive-reth-{label}-"))
+        .tempdir()
+        .expect("a temporary directory")
+}
+
+/// Writes `genesis` as `genesis.json` in `dir`.
+pub fn write_genesis(dir: &Path, genesis: &Genesis) -> PathBuf {
+    let path = dir.join("genesis.json");
+    std::fs::write(&path, serde_json::to_vec(genesis).unwrap()).unwrap();
+    path
+}
+
+/// `overdrive-reth init` of a datadir at `datadir` for `genesis_path`.
+pub fn init_datadir(genesis_path: &Path, datadir: &Path) {
+    run_ok(
+        overdrive_reth()
+            .arg("init")
+            .arg("--chain")
+            .arg(genesis_path)
+            .arg("--datadir")
+            .arg(datadir),
+    );
+}
+
+/// reth's chain spec for a genesis file, as its CLI parses it.
+pub fn reth_spec(genesis_path: &Path) -> Arc<ChainSpec> {
+    reth_ethereum_cli::chainspec::chain_value_parser(genesis_path.to_str().unwrap())
+        .expect("a chain spec")
+}
+
+/// A read-only view of the database in `datadir`.
+pub fn open(spec: Arc<ChainSpec>, datadir: &Path) -> Factory {
+    // Not watched: a watcher thread would keep the database mapped after the test drops it,
+    // and a test that opens many runs out of address space.
+    let config = reth_provider::providers::ReadOnlyConfig {
+        watch: false,
+        ..reth_provider::providers::ReadOnlyConfig::from_datadir(datadir)
+    };
+    EthereumNode::provider_factory_builder()
+        .open_read_only(spec, config, reth_tasks::Runtime::test())
+        .expect("the datadir opens")
+}
+
+/// A genesis allocation holding `state`.
+pub fn alloc(
+    state: &MemState,
+) -> std::collections::BTreeMap<alloy_primitives::Address, GenesisAccount> {
+    state
+        .accounts
+        .iter()
+        .map(|(address, account)| {
+            let code = (account.info.code_hash != revm::primitives::KECCAK_EMPTY)
+                .then(|| state.code_of(address).original_bytes());
+            let storage = (!account.storage.is_empty()).then(|| {
+                account
+                    .storage
+                    .iter()
+                    .map(|(slot, value)| (B256::from(*slot), B256::from(*value)))
+                    .collect()
+            });
+            (
+                *address,
+                GenesisAccount {
+                    nonce: Some(account.info.nonce),
+                    balance: account.info.balance,
+                    code,
+                    storage,
+                    private_key: None,
+                },
+            )
+        })
+        .collect()
+}
+
+/// reth's form of a block of overdrive's.
+pub fn reth_block(
+    block: &AlloyBlock<TxEnvelope>,
+    senders: Vec<alloy_primitives::Address>,
+) -> RecoveredBlock<Block> {
+    let body = block.body.clone();
+    let block = Block {
+        header: block.header.clone(),
+        body: reth_ethereum_primitives::BlockBody {
+            transactions: body
+                .transactions
+                .into_iter()
+                .map(|tx| tx.try_into().expect("no blob sidecars"))
+                .collect(),
+            ommers: body.ommers,
+            withdrawals: body.withdrawals,
+        },
+    };
+    RecoveredBlock::new_unhashed(block, senders)
+}
+
+/// reth's form of a recovered block of overdrive's executor.
+pub fn reth_recovered(block: &overdrive_primitives::RecoveredBlock) -> RecoveredBlock<Block> {
+    let senders = block.transactions.iter().map(|tx| tx.signer()).collect();
+    let alloy = AlloyBlock {
+        header: block.header.clone(),
+        body: alloy_consensus::BlockBody {
+            transactions: block
+                .transactions
+                .iter()
+                .map(|tx: &Recovered<TxEnvelope>| tx.inner().clone())
+                .collect(),
+            ommers: block.ommers.clone(),
+            withdrawals: block.withdrawals.clone().map(Into::into),
+        },
+    };
+    reth_block(&alloy, senders)
+}
+
+/// A free TCP port on the loopback interface (free when this returns).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP request to `127.0.0.1:port` (`body` is POSTed as JSON when given); the response
+/// body, or `None` when nothing answers.
+pub fn http(port: u16, path: &str, body: Option<&str>) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .ok()?;
+    let request = match body {
+        Some(body) => format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+        None => format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+    };
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        // Chunked: size line, data, ... until a zero size.
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let size = usize::from_str_radix(size.trim(), 16).ok()?;
+            if size == 0 {
+                break;
+            }
+            out.push_str(tail.get(..size)?);
+            rest = tail.get(size + 2..)?;
+        }
+        return Some(out);
+    }
+    Some(body.to_string())
+}
+
+/// A JSON-RPC call to the node's HTTP endpoint at `port`.
+pub fn rpc(port: u16, method: &str, params: serde_json::Value) -> Option<serde_json::Value> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let response: serde_json::Value =
+        serde_json::from_str(&http(port, "/", Some(&body.to_string()))?).ok()?;
+    response.get("result").cloned()
+}

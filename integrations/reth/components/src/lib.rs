@@ -1,0 +1,34 @@
+//! overdrive's components as reth v2.5.1 node components.
+//!
+//! - [`OverdriveEvmConfig`]: reth's `EthEvmConfig` whose block executor runs whole blocks on
+//!   overdrive's parallel executor where reth validates or imports them (engine, pipeline,
+//!   backfill); payload building, tracing and execution witnesses stay on reth's executor.
+//! - [`OverdriveNode`]: reth's `EthereumNode` with that executor, for `node` and the offline
+//!   commands; [`import::ImportCommand`] is `import` with the database at hand.
+//! - [`exex::timings_exex`]: an ExEx reporting which executor ran each committed block, its time
+//!   and gas.
+//! - [`OverdriveArgs`]: the `--overdrive.*` flags; with every component off the node is stock
+//!   reth.
+//!
+//! The logic lives in the core crates (`overdrive-executor`); this crate adapts reth's types and
+//! registers the components.
+
+pub mod args;
+mod convert;
+mod evm;
+mod executor;
+pub mod exex;
+pub mod import;
+mod node;
+mod parallel;
+mod state;
+
+pub use args::{ExecMode, OverdriveArgs, split_args};
+pub use evm::OverdriveEvmConfig;
+pub use executor::{OverdriveBlockExecutor, StateAccess};
+pub use node::{OverdriveExecutorBuilder, OverdriveNode};
+pub use parallel::{
+    BlockLog, BlockRecord, ExecutedBy, FactoryOpener, Ineligible, ParallelBlocks, ProviderOpener,
+    StateAt, StateOpener,
+};
+pub use state::{BlockState, hook_updates};

@@ -1,0 +1,288 @@
+//! What the executor needs to run a block on overdrive's parallel executor inside reth: the
+//! executor itself (one worker pool for the node), the chain spec in overdrive's form, and a
+//! way to open reth state providers, one per thread.
+
+use crate::{BlockState, convert};
+use alloy_consensus::{TxEnvelope, transaction::Recovered};
+use alloy_evm::{EvmEnv, eth::EthBlockExecutionCtx};
+use alloy_primitives::B256;
+use overdrive_executor::{
+    BlockOutput, BundleOverlay, ExecutionError, ParallelConfig, ParallelExecutor, PerThreadReader,
+    evm_env,
+};
+use reth_chainspec::ChainSpec;
+use reth_provider::{
+    ProviderFactory, ProviderResult, StateProviderBox, providers::ProviderNodeTypes,
+};
+use reth_revm::database::StateProviderDatabase;
+use std::{
+    fmt,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+/// Which state a block's reads start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateAt {
+    /// The state after the block with this hash (a block's parent, canonical or not yet).
+    Hash(B256),
+    /// The state after the canonical block with this number.
+    Number(u64),
+}
+
+/// Opens read-only state providers. Each thread of the parallel executor opens its own:
+/// reth's providers are `Send` but not `Sync`.
+pub trait StateOpener: Send + Sync + fmt::Debug + 'static {
+    /// A provider of the state at `at`.
+    fn open(&self, at: StateAt) -> ProviderResult<StateProviderBox>;
+}
+
+/// The node's provider (`BlockchainProvider`: the database and the blocks not yet persisted).
+#[derive(Debug, Clone)]
+pub struct ProviderOpener<P>(pub P);
+
+impl<P> StateOpener for ProviderOpener<P>
+where
+    P: reth_provider::StateProviderFactory + fmt::Debug + Send + Sync + 'static,
+{
+    fn open(&self, at: StateAt) -> ProviderResult<StateProviderBox> {
+        match at {
+            StateAt::Hash(hash) => self.0.state_by_block_hash(hash),
+            StateAt::Number(number) => self.0.history_by_block_number(number),
+        }
+    }
+}
+
+/// A provider factory of the database alone (the offline commands' and the tests'), without
+/// the node's in-memory blocks.
+pub struct FactoryOpener<N: ProviderNodeTypes>(pub ProviderFactory<N>);
+
+impl<N: ProviderNodeTypes> fmt::Debug for FactoryOpener<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FactoryOpener")
+    }
+}
+
+impl<N: ProviderNodeTypes> StateOpener for FactoryOpener<N> {
+    fn open(&self, at: StateAt) -> ProviderResult<StateProviderBox> {
+        match at {
+            StateAt::Hash(hash) => self.0.history_by_block_hash(hash),
+            StateAt::Number(number) => self.0.history_by_block_number(number),
+        }
+    }
+}
+
+/// How a block was executed, for the log and the ExEx.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum ExecutedBy {
+    /// overdrive's executor, on several threads.
+    Parallel,
+    /// overdrive's executor on one thread: the block was too small to split.
+    OverdriveSequential,
+    /// reth's executor: the block could not take overdrive's path (see the log for why).
+    Reth,
+}
+
+impl ExecutedBy {
+    /// The label used in logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Parallel => "parallel",
+            Self::OverdriveSequential => "overdrive-sequential",
+            Self::Reth => "reth",
+        }
+    }
+}
+
+/// One executed block, as the ExEx reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockRecord {
+    /// The block's number.
+    pub number: u64,
+    /// Its parent's hash (with the number, it names the block before its hash is known).
+    pub parent_hash: B256,
+    /// Transactions.
+    pub transactions: usize,
+    /// Gas used.
+    pub gas_used: u64,
+    /// Who executed it.
+    pub executed_by: ExecutedBy,
+    /// Wall time of the execution.
+    pub elapsed: Duration,
+}
+
+/// Recent block records, for the ExEx to pick up by number and parent, and a count of all
+/// blocks by executor. Bounded: a record nobody picks up (no ExEx, or a block that was never
+/// committed) is dropped after [`BlockLog::CAPACITY`] newer ones.
+#[derive(Debug, Default)]
+pub struct BlockLog {
+    records: Mutex<std::collections::VecDeque<BlockRecord>>,
+    /// Blocks executed so far, by [`ExecutedBy`] (in its order).
+    counts: [std::sync::atomic::AtomicU64; 3],
+}
+
+impl BlockLog {
+    /// Records kept at most.
+    pub const CAPACITY: usize = 1024;
+
+    /// Adds a record.
+    pub fn push(&self, record: BlockRecord) {
+        self.counts[record.executed_by as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        if records.len() == Self::CAPACITY {
+            records.pop_front();
+        }
+        records.push_back(record);
+    }
+
+    /// A copy of the records kept.
+    pub fn records(&self) -> Vec<BlockRecord> {
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        records.iter().copied().collect()
+    }
+
+    /// Takes the latest record of the block with this number and parent, if any.
+    pub fn take(&self, number: u64, parent_hash: B256) -> Option<BlockRecord> {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let at = records
+            .iter()
+            .rposition(|r| r.number == number && r.parent_hash == parent_hash)?;
+        records.remove(at)
+    }
+
+    /// Blocks executed so far by `executor`.
+    pub fn count(&self, executor: ExecutedBy) -> u64 {
+        self.counts[executor as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// One line saying how many blocks each executor ran.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} blocks on overdrive's parallel executor, {} on it alone (too small to split), {} on reth's",
+            self.count(ExecutedBy::Parallel),
+            self.count(ExecutedBy::OverdriveSequential),
+            self.count(ExecutedBy::Reth)
+        )
+    }
+}
+
+/// Why a block took reth's path instead of overdrive's.
+#[derive(Debug, thiserror::Error)]
+pub enum Ineligible {
+    /// The EVM environment overdrive derives from the block differs from reth's (a chain spec
+    /// it does not model, e.g. a custom blob schedule).
+    #[error("its EVM environment differs from reth's")]
+    Environment,
+    /// The base state cannot be named (a batch whose first block is unknown).
+    #[error("the state it reads cannot be located: {0}")]
+    Base(String),
+    /// overdrive's executor rejected it (reth's runs it again for reth's own error).
+    #[error("overdrive's executor rejected it: {0}")]
+    Rejected(ExecutionError),
+}
+
+/// overdrive's parallel executor set up for one node.
+#[derive(Debug)]
+pub struct ParallelBlocks {
+    executor: ParallelExecutor,
+    spec: overdrive_primitives::ChainSpec,
+    opener: Arc<dyn StateOpener>,
+    log: Arc<BlockLog>,
+}
+
+impl ParallelBlocks {
+    /// An executor of `threads` threads (all cores when `None`) for `spec`, reading through
+    /// `opener`.
+    pub fn new(
+        spec: &ChainSpec,
+        threads: Option<usize>,
+        opener: Arc<dyn StateOpener>,
+        log: Arc<BlockLog>,
+    ) -> Self {
+        let mut config = ParallelConfig::default();
+        if let Some(threads) = threads {
+            config.threads = threads;
+        }
+        Self::with_config(spec, config, opener, log)
+    }
+
+    /// [`Self::new`] with every setting of the parallel executor given (tests force the
+    /// parallel path on small blocks with it).
+    pub fn with_config(
+        spec: &ChainSpec,
+        config: ParallelConfig,
+        opener: Arc<dyn StateOpener>,
+        log: Arc<BlockLog>,
+    ) -> Self {
+        Self {
+            executor: ParallelExecutor::new(config),
+            spec: convert::chain_spec(spec),
+            opener,
+            log,
+        }
+    }
+
+    /// Where records of executed blocks go.
+    pub fn log(&self) -> &Arc<BlockLog> {
+        &self.log
+    }
+
+    /// Executes one block on `state` and adds its changes there (see
+    /// [`BlockState::apply_block`]); returns its output without the bundle.
+    ///
+    /// `env` and `ctx` are what reth's executor was created with. The block reads the state
+    /// `state` reads: its database, at the first block it executed's parent, and the bundle of
+    /// the blocks since. Nothing changes on `state` when this fails.
+    pub fn execute(
+        &self,
+        env: &EvmEnv,
+        ctx: &EthBlockExecutionCtx<'_>,
+        transactions: impl IntoIterator<Item = Recovered<TxEnvelope>>,
+        state: &mut dyn BlockState,
+    ) -> Result<(BlockOutput, ExecutedBy), Ineligible> {
+        let started = Instant::now();
+        let block = convert::block(env, ctx, transactions);
+        if evm_env(&self.spec, &block) != *env {
+            return Err(Ineligible::Environment);
+        }
+        // A state that executed earlier blocks keeps their changes in its bundle, one revert
+        // entry a block, over a database at the first one's parent.
+        let earlier = state.bundle().reverts.len() as u64;
+        let at = if earlier == 0 {
+            StateAt::Hash(ctx.parent_hash)
+        } else {
+            let first = block.header.number.checked_sub(earlier).ok_or_else(|| {
+                Ineligible::Base(format!(
+                    "block {} follows {earlier} blocks",
+                    block.header.number
+                ))
+            })?;
+            StateAt::Number(first.saturating_sub(1))
+        };
+        let opener = &self.opener;
+        let base = PerThreadReader::new(|| opener.open(at).map(StateProviderDatabase::new));
+        let reader = BundleOverlay::new(state.bundle(), base);
+        let (mut output, stats) = self
+            .executor
+            .execute_with_stats(&self.spec, &block, &reader)
+            .map_err(Ineligible::Rejected)?;
+        drop(reader);
+        let bundle = std::mem::take(&mut output.bundle);
+        state.apply_block(bundle);
+        let executed_by = if stats.is_some() {
+            ExecutedBy::Parallel
+        } else {
+            ExecutedBy::OverdriveSequential
+        };
+        self.log.push(BlockRecord {
+            number: block.header.number,
+            parent_hash: block.header.parent_hash,
+            transactions: block.transactions.len(),
+            gas_used: output.gas_used,
+            executed_by,
+            elapsed: started.elapsed(),
+        });
+        Ok((output, executed_by))
+    }
+}
