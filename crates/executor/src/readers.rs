@@ -92,6 +92,14 @@ impl<D: Send, F> PerThreadReader<D, F> {
         }
     }
 
+    /// [`Self::new`], with `current` as the calling thread's handle (opened already, e.g. to
+    /// check that the state exists before a block starts).
+    pub fn with_current(open: F, current: D) -> Self {
+        let reader = Self::new(open);
+        reader.readers.get_or(|| current);
+        reader
+    }
+
     /// How many threads opened a handle so far.
     pub fn opened(&mut self) -> usize {
         self.readers.iter_mut().count()

@@ -189,6 +189,8 @@ pub struct ParallelBlocks {
     spec: overdrive_primitives::ChainSpec,
     opener: Arc<dyn StateOpener>,
     log: Arc<BlockLog>,
+    /// Whether the environment mismatch was logged (once is enough).
+    warned: std::sync::atomic::AtomicBool,
 }
 
 impl ParallelBlocks {
@@ -220,6 +222,7 @@ impl ParallelBlocks {
             spec: convert::chain_spec(spec),
             opener,
             log,
+            warned: Default::default(),
         }
     }
 
@@ -244,6 +247,15 @@ impl ParallelBlocks {
         let started = Instant::now();
         let block = convert::block(env, ctx, transactions);
         if evm_env(&self.spec, &block) != *env {
+            if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "overdrive::exec",
+                    block = block.header.number,
+                    "overdrive's executor derives another EVM environment than reth's for this \
+                     chain (a chain spec it does not model, such as a custom blob schedule): \
+                     such blocks run on reth's executor"
+                );
+            }
             return Err(Ineligible::Environment);
         }
         // A state that executed earlier blocks keeps their changes in its bundle, one revert
@@ -260,8 +272,16 @@ impl ParallelBlocks {
             })?;
             StateAt::Number(first.saturating_sub(1))
         };
+        // Opened here first: a parent reth cannot find (a payload on a side chain) sends the
+        // block to reth's executor before anything starts.
         let opener = &self.opener;
-        let base = PerThreadReader::new(|| opener.open(at).map(StateProviderDatabase::new));
+        let current = opener
+            .open(at)
+            .map_err(|e| Ineligible::Base(format!("{at:?}: {e}")))?;
+        let base = PerThreadReader::with_current(
+            || opener.open(at).map(StateProviderDatabase::new),
+            StateProviderDatabase::new(current),
+        );
         let reader = BundleOverlay::new(state.bundle(), base);
         let (mut output, stats) = self
             .executor

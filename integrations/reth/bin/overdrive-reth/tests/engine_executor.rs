@@ -10,7 +10,7 @@
 mod support;
 
 #[path = "../../../../../crates/executor/tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod common;
 
 use alloy_consensus::BlockHeader;
@@ -80,7 +80,17 @@ fn engine_run<C: ConfigureEvm<Primitives = EthPrimitives>>(
     factory: &Factory,
     block: &RecoveredBlock<Block>,
 ) -> EngineRun {
-    let provider = factory.history_by_block_hash(block.parent_hash()).unwrap();
+    engine_run_at(config, factory, block, block.parent_hash())
+}
+
+/// [`engine_run`] on the state after `parent`, whatever the block names as its parent.
+fn engine_run_at<C: ConfigureEvm<Primitives = EthPrimitives>>(
+    config: &C,
+    factory: &Factory,
+    block: &RecoveredBlock<Block>,
+    parent: B256,
+) -> EngineRun {
+    let provider = factory.history_by_block_hash(parent).unwrap();
     let mut db = State::builder()
         .with_database(StateProviderDatabase::new(provider))
         .with_bundle_update()
@@ -429,4 +439,31 @@ fn invalid_transactions_get_reths_error() {
         engine_run(&reth, &factory, &block).result.is_err(),
         "the block must be invalid"
     );
+}
+
+/// A payload whose parent the node's provider does not know (a side chain reth executes on a
+/// state of its own) runs on reth's executor, with reth's result.
+#[test]
+fn unknown_parents_run_on_reths_executor() {
+    use common::{Fork, Gen};
+    let (mut generator, state) = Gen::new(Fork::Prague, 11);
+    generator.number = 0;
+    let mut genesis = generator.spec.genesis.clone();
+    genesis.alloc = support::alloc(&state);
+    let (_dir, spec, factory) = database(&genesis, "side");
+    let mut block = generator.block(&state, 20);
+    block.header.parent_hash = B256::repeat_byte(0x5e);
+    let block = support::reth_recovered(&block);
+    let (reth, ours, log) = configs(&spec, &factory, 2);
+    let expected = engine_run_at(&reth, &factory, &block, spec.genesis_hash());
+    let got = engine_run_at(&ours, &factory, &block, spec.genesis_hash());
+    assert!(expected.result.is_ok());
+    assert_eq!(got.result, expected.result);
+    assert_same_rows(
+        written(&got.bundle),
+        written(&expected.bundle),
+        "side chain",
+    );
+    let by: Vec<_> = log.records().iter().map(|r| r.executed_by).collect();
+    assert_eq!(by, [ExecutedBy::Reth]);
 }

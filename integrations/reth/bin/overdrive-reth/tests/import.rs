@@ -32,7 +32,12 @@ const MODES: [(&str, &[&str]); 2] = [
 fn chain(kind: WorkloadKind, blocks: usize) -> Chain {
     let workload = overdrive_workload::generate(&WorkloadConfig {
         accounts: 400,
-        txs_per_block: 250,
+        // Compute calls use 0.2-0.9 Mgas each.
+        txs_per_block: if kind == WorkloadKind::Compute {
+            30
+        } else {
+            250
+        },
         blocks,
         pairs: 8,
         ..WorkloadConfig::new(kind)
@@ -115,6 +120,11 @@ fn imports_agree_for_every_workload() {
         WorkloadKind::Erc20,
         WorkloadKind::Uniswap,
         WorkloadKind::Hybrid,
+        WorkloadKind::Chained,
+        WorkloadKind::Allowance,
+        WorkloadKind::Router,
+        WorkloadKind::Compute,
+        WorkloadKind::Exchange,
     ] {
         let chain = chain(kind, 5);
         let dir = support::temp_dir("import");

@@ -128,11 +128,7 @@ pub fn reth_block(
     let block = Block {
         header: block.header.clone(),
         body: reth_ethereum_primitives::BlockBody {
-            transactions: body
-                .transactions
-                .into_iter()
-                .map(|tx| tx.try_into().expect("no blob sidecars"))
-                .collect(),
+            transactions: body.transactions.into_iter().map(Into::into).collect(),
             ommers: body.ommers,
             withdrawals: body.withdrawals,
         },
