@@ -24,6 +24,6 @@ pub use parallel::{
     Learned, POOL_FOLDING_SPARE, ParallelConfig, ParallelExecutor, TransitionFolding,
     block_gas_estimate,
 };
-pub use readers::{BundleOverlay, PerThreadReader};
+pub use readers::{BundleOverlay, CachedReader, PerThreadReader};
 pub use sequential::{SequentialExecutor, canonical_reverts, evm_env, execution_ctx};
 pub use traits::{BlockExecutor, BlockOutput, StateReader};

@@ -146,6 +146,94 @@ where
     }
 }
 
+/// Reads of a state that does not change while this is used (a block's pre-state), each
+/// location read from `inner` once: the first thread to ask reads it, later ones find it.
+///
+/// The parallel executor reads a location on the thread that speculates a transaction and
+/// again on the committer, which checks the speculation against its own state; a transaction
+/// executed again reads it a third time. From memory that costs little; from a database each
+/// read is a lookup.
+pub struct CachedReader<R> {
+    inner: R,
+    accounts: Shards<Address, Option<AccountInfo>>,
+    storage: Shards<(Address, U256), U256>,
+    code: Shards<B256, Bytecode>,
+}
+
+/// A map split over locks, so that threads reading different keys rarely wait on each other.
+struct Shards<K, V> {
+    shards: Box<[std::sync::Mutex<alloy_primitives::map::HashMap<K, V>>]>,
+    hasher: alloy_primitives::map::DefaultHashBuilder,
+}
+
+impl<K: std::hash::Hash + Eq + Copy, V: Clone> Shards<K, V> {
+    /// Enough shards that two or three dozen threads rarely meet on one.
+    const COUNT: usize = 64;
+
+    fn new() -> Self {
+        Self {
+            shards: (0..Self::COUNT).map(|_| Default::default()).collect(),
+            hasher: Default::default(),
+        }
+    }
+
+    /// The value at `key`, read with `read` (outside the lock) when absent. Two threads may
+    /// both read a new key; the first value stored is kept (both read the same state).
+    fn get_or_read<E>(&self, key: K, read: impl FnOnce() -> Result<V, E>) -> Result<V, E> {
+        use std::hash::BuildHasher;
+        let shard = &self.shards[self.hasher.hash_one(key) as usize % Self::COUNT];
+        let lock = || shard.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(value) = lock().get(&key) {
+            return Ok(value.clone());
+        }
+        let value = read()?;
+        Ok(lock().entry(key).or_insert(value).clone())
+    }
+}
+
+impl<R> CachedReader<R> {
+    /// `inner`, cached.
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            accounts: Shards::new(),
+            storage: Shards::new(),
+            code: Shards::new(),
+        }
+    }
+}
+
+impl<R: fmt::Debug> fmt::Debug for CachedReader<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedReader")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: DatabaseRef> DatabaseRef for CachedReader<R> {
+    type Error = R::Error;
+
+    fn basic_ref(&self, address: Address) -> Result<Option<AccountInfo>, Self::Error> {
+        self.accounts
+            .get_or_read(address, || self.inner.basic_ref(address))
+    }
+
+    fn code_by_hash_ref(&self, code_hash: B256) -> Result<Bytecode, Self::Error> {
+        self.code
+            .get_or_read(code_hash, || self.inner.code_by_hash_ref(code_hash))
+    }
+
+    fn storage_ref(&self, address: Address, index: U256) -> Result<U256, Self::Error> {
+        self.storage
+            .get_or_read((address, index), || self.inner.storage_ref(address, index))
+    }
+
+    fn block_hash_ref(&self, number: u64) -> Result<B256, Self::Error> {
+        self.inner.block_hash_ref(number)
+    }
+}
+
 /// Compile-time check that both readers qualify as a [`StateReader`] when their parts do.
 #[allow(dead_code)]
 fn readers_are_state_readers<R: StateReader, D: DatabaseRef<Error = R::Error> + Send>(
@@ -154,7 +242,7 @@ fn readers_are_state_readers<R: StateReader, D: DatabaseRef<Error = R::Error> + 
     open: impl Fn() -> Result<D, R::Error> + Sync,
 ) {
     fn check<S: StateReader>(_: &S) {}
-    check(&BundleOverlay::new(bundle, base));
+    check(&BundleOverlay::new(bundle, CachedReader::new(base)));
     check(&PerThreadReader::new(open));
 }
 
@@ -289,6 +377,54 @@ mod tests {
             U256::from(77)
         );
         assert_eq!(overlay.storage_ref(C, U256::from(8)).unwrap(), U256::ZERO);
+    }
+
+    /// A cached reader reads each location once, and answers as its inner reader.
+    #[test]
+    fn cached_reader_reads_each_location_once() {
+        let opened = AtomicUsize::new(0);
+        struct Counting<'a>(CacheDB<EmptyDB>, &'a AtomicUsize);
+        impl DatabaseRef for Counting<'_> {
+            type Error = std::convert::Infallible;
+            fn basic_ref(&self, a: Address) -> Result<Option<AccountInfo>, Self::Error> {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.0.basic_ref(a)
+            }
+            fn code_by_hash_ref(&self, h: B256) -> Result<Bytecode, Self::Error> {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.0.code_by_hash_ref(h)
+            }
+            fn storage_ref(&self, a: Address, i: U256) -> Result<U256, Self::Error> {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.0.storage_ref(a, i)
+            }
+            fn block_hash_ref(&self, n: u64) -> Result<B256, Self::Error> {
+                self.0.block_hash_ref(n)
+            }
+        }
+        let cached = CachedReader::new(Counting(base(), &opened));
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..4 {
+                        assert_eq!(
+                            cached.basic_ref(A).unwrap().unwrap().balance,
+                            U256::from(10)
+                        );
+                        assert_eq!(cached.basic_ref(C).unwrap(), None);
+                        assert_eq!(
+                            cached.storage_ref(A, U256::from(2)).unwrap(),
+                            U256::from(12)
+                        );
+                    }
+                });
+            }
+        });
+        // Three locations; two threads may race on a first read, never more than once each.
+        let reads = opened.load(Ordering::Relaxed);
+        assert!((3..=9).contains(&reads), "{reads} reads");
+        assert_eq!(cached.basic_ref(A).unwrap().unwrap().nonce, 1);
+        assert_eq!(opened.load(Ordering::Relaxed), reads);
     }
 
     /// Each thread opens its own handle once, and reads through it. (A thread that has exited

@@ -31,7 +31,7 @@ pub fn chain_spec(spec: &ChainSpec) -> overdrive_primitives::ChainSpec {
 pub fn block(
     env: &EvmEnv,
     ctx: &EthBlockExecutionCtx<'_>,
-    transactions: impl IntoIterator<Item = Recovered<TxEnvelope>>,
+    transactions: Vec<Recovered<TxEnvelope>>,
 ) -> RecoveredBlock {
     let block_env = &env.block_env;
     let header = Header {
@@ -53,15 +53,18 @@ pub fn block(
     };
     RecoveredBlock::from_parts(
         header,
-        transactions.into_iter().collect(),
+        transactions,
         ctx.ommers.to_vec(),
         ctx.withdrawals.as_ref().map(|w| w.to_vec()),
     )
 }
 
 /// A transaction in alloy's envelope (reth's has no blob sidecar variant).
-pub fn transaction(tx: &Recovered<TransactionSigned>) -> Recovered<TxEnvelope> {
-    Recovered::new_unchecked(TxEnvelope::from(tx.inner().clone()), tx.signer())
+pub fn transaction(
+    tx: &TransactionSigned,
+    signer: alloy_primitives::Address,
+) -> Recovered<TxEnvelope> {
+    Recovered::new_unchecked(TxEnvelope::from(tx.clone()), signer)
 }
 
 /// overdrive's receipts as reth's.

@@ -22,6 +22,30 @@ use std::sync::Arc;
 /// `OverdriveEvmConfig::create_executor`).
 pub type StateAccess<DB> = for<'x> fn(&'x mut DB) -> &'x mut dyn BlockState;
 
+/// The EVMs reth's Ethereum executor runs on (reth's EVM factory's, with any database and
+/// inspector).
+pub trait EthereumEvm:
+    Evm<
+        DB: StateDB,
+        Tx = TxEnv,
+        HaltReason = HaltReason,
+        BlockEnv = BlockEnv,
+        Spec = revm::primitives::hardfork::SpecId,
+    >
+{
+}
+
+impl<E> EthereumEvm for E where
+    E: Evm<
+            DB: StateDB,
+            Tx = TxEnv,
+            HaltReason = HaltReason,
+            BlockEnv = BlockEnv,
+            Spec = revm::primitives::hardfork::SpecId,
+        >
+{
+}
+
 /// reth's `EthBlockExecutor`, with a whole-block mode.
 pub struct OverdriveBlockExecutor<'a, E: Evm> {
     inner: EthBlockExecutor<'a, E, &'a Arc<ChainSpec>, &'a RethReceiptBuilder>,
@@ -34,7 +58,10 @@ struct WholeBlock<'a, E: Evm> {
     state: StateAccess<E::DB>,
     /// Whether reth asked for the pre-execution changes (overdrive's executor makes them).
     pre_execution: bool,
-    transactions: Vec<(E::Tx, Recovered<TransactionSigned>)>,
+    /// The transactions in alloy's envelope (overdrive's executor takes them so), with the
+    /// environments reth made of them (its own executor takes those, if it runs the block).
+    transactions: Vec<Recovered<alloy_consensus::TxEnvelope>>,
+    envs: Vec<E::Tx>,
 }
 
 impl<'a, E: Evm> OverdriveBlockExecutor<'a, E> {
@@ -54,6 +81,7 @@ impl<'a, E: Evm> OverdriveBlockExecutor<'a, E> {
             state,
             pre_execution: false,
             transactions: Vec::with_capacity(capacity),
+            envs: Vec::with_capacity(capacity),
         });
         self
     }
@@ -64,18 +92,7 @@ impl<'a, E: Evm> OverdriveBlockExecutor<'a, E> {
     }
 }
 
-impl<'a, E> OverdriveBlockExecutor<'a, E>
-where
-    E: Evm<
-            DB: StateDB,
-            Tx = TxEnv,
-            HaltReason = HaltReason,
-            BlockEnv = BlockEnv,
-            Spec = revm::primitives::hardfork::SpecId,
-        >,
-    TxEnv: alloy_evm::FromRecoveredTx<TransactionSigned>
-        + alloy_evm::FromTxWithEncoded<TransactionSigned>,
-{
+impl<E: EthereumEvm> OverdriveBlockExecutor<'_, E> {
     /// Leaves whole-block mode for reth's path: what was held back runs now, in order.
     fn run_held_back(&mut self) -> Result<(), BlockExecutionError> {
         let Some(held) = self.whole_block.take() else {
@@ -84,25 +101,16 @@ where
         if held.pre_execution {
             self.inner.apply_pre_execution_changes()?;
         }
-        for (env, tx) in held.transactions {
+        for (env, tx) in held.envs.into_iter().zip(held.transactions) {
+            let (tx, signer) = tx.into_parts();
+            let tx = Recovered::new_unchecked(TransactionSigned::from(tx), signer);
             self.inner.execute_transaction((env, &tx))?;
         }
         Ok(())
     }
 }
 
-impl<'a, E> BlockExecutor for OverdriveBlockExecutor<'a, E>
-where
-    E: Evm<
-            DB: StateDB,
-            Tx = TxEnv,
-            HaltReason = HaltReason,
-            BlockEnv = BlockEnv,
-            Spec = revm::primitives::hardfork::SpecId,
-        >,
-    TxEnv: alloy_evm::FromRecoveredTx<TransactionSigned>
-        + alloy_evm::FromTxWithEncoded<TransactionSigned>,
-{
+impl<E: EthereumEvm> BlockExecutor for OverdriveBlockExecutor<'_, E> {
     type Transaction = TransactionSigned;
     type Receipt = Receipt;
     type Evm = E;
@@ -126,10 +134,9 @@ where
             return self.inner.execute_transaction(tx);
         };
         let (env, recovered) = tx.into_parts();
-        held.transactions.push((
-            env,
-            Recovered::new_unchecked(recovered.tx().clone(), *recovered.signer()),
-        ));
+        held.transactions
+            .push(convert::transaction(recovered.tx(), *recovered.signer()));
+        held.envs.push(env);
         // Neither the engine nor reth's whole-block executor reads the gas of a transaction
         // here; the block's totals come out of `finish`.
         Ok(GasOutput::default())
@@ -158,14 +165,14 @@ where
             block_env: self.inner.evm.block().clone(),
         };
         let state = (held.state)(self.inner.evm.db_mut());
-        let transactions = held
-            .transactions
-            .iter()
-            .map(|(_, tx)| convert::transaction(tx));
-        match held
-            .parallel
-            .execute(&env, &self.inner.ctx, transactions, state)
-        {
+        let WholeBlock {
+            parallel,
+            state: access,
+            pre_execution,
+            transactions,
+            envs,
+        } = held;
+        match parallel.execute(&env, &self.inner.ctx, transactions, state) {
             Ok((output, _)) => {
                 let result = BlockExecutionResult {
                     receipts: convert::receipts(output.receipts),
@@ -175,19 +182,24 @@ where
                 };
                 Ok((self.inner.evm, result))
             }
-            Err(why) => {
+            Err((why, transactions)) => {
+                let number = env.block_env.number.saturating_to::<u64>();
                 tracing::debug!(
                     target: "overdrive::exec",
-                    block = env.block_env.number.saturating_to::<u64>(),
+                    block = number,
                     reason = %why,
                     "block runs on reth's executor"
                 );
-                let number = env.block_env.number.saturating_to::<u64>();
                 let parent_hash = self.inner.ctx.parent_hash;
                 let started = std::time::Instant::now();
-                let parallel = held.parallel;
-                let transactions = held.transactions.len();
-                self.whole_block = Some(held);
+                let count = transactions.len();
+                self.whole_block = Some(WholeBlock {
+                    parallel,
+                    state: access,
+                    pre_execution,
+                    transactions,
+                    envs,
+                });
                 self.run_held_back()?;
                 let (evm, result) = self.inner.finish()?;
                 if matches!(why, crate::Ineligible::Rejected(_)) {
@@ -201,7 +213,7 @@ where
                 parallel.log().push(crate::BlockRecord {
                     number,
                     parent_hash,
-                    transactions,
+                    transactions: count,
                     gas_used: result.gas_used,
                     executed_by: ExecutedBy::Reth,
                     elapsed: started.elapsed(),

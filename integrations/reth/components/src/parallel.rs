@@ -7,14 +7,17 @@ use alloy_consensus::{TxEnvelope, transaction::Recovered};
 use alloy_evm::{EvmEnv, eth::EthBlockExecutionCtx};
 use alloy_primitives::B256;
 use overdrive_executor::{
-    BlockOutput, BundleOverlay, ExecutionError, ParallelConfig, ParallelExecutor, PerThreadReader,
-    evm_env,
+    BlockOutput, BundleOverlay, CachedReader, ExecutionError, ParallelConfig, ParallelExecutor,
+    PerThreadReader, evm_env,
 };
 use reth_chainspec::ChainSpec;
 use reth_provider::{
-    ProviderFactory, ProviderResult, StateProviderBox, providers::ProviderNodeTypes,
+    BlockNumReader, DatabaseProviderFactory, LatestStateProvider, ProviderError, ProviderFactory,
+    ProviderResult, StageCheckpointReader, StateProviderBox, TryIntoHistoricalStateProvider,
+    providers::ProviderNodeTypes,
 };
 use reth_revm::database::StateProviderDatabase;
+use reth_stages_types::StageId;
 use std::{
     fmt,
     sync::{Arc, Mutex},
@@ -43,14 +46,44 @@ pub struct ProviderOpener<P>(pub P);
 
 impl<P> StateOpener for ProviderOpener<P>
 where
-    P: reth_provider::StateProviderFactory + fmt::Debug + Send + Sync + 'static,
+    P: reth_provider::StateProviderFactory
+        + DatabaseProviderFactory<
+            Provider: StageCheckpointReader + TryIntoHistoricalStateProvider + BlockNumReader,
+        > + fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    LatestStateProvider<P::Provider>: reth_provider::StateProvider + Send + 'static,
 {
     fn open(&self, at: StateAt) -> ProviderResult<StateProviderBox> {
         match at {
+            // A payload's parent, with the blocks not yet persisted.
             StateAt::Hash(hash) => self.0.state_by_block_hash(hash),
-            StateAt::Number(number) => self.0.history_by_block_number(number),
+            // A batch's base: persisted (the pipeline and backfill run on the database).
+            StateAt::Number(number) => database_state_at(&self.0, number),
         }
     }
+}
+
+/// The database's state after block `number`. The plain state is at the execution stage's
+/// checkpoint, written with it; reth's own choice between the plain state and history goes
+/// by the finish stage's, which the pipeline moves only after its last stage, so that a batch
+/// after the first would read through history or be refused as not executed yet.
+fn database_state_at<F>(factory: &F, number: u64) -> ProviderResult<StateProviderBox>
+where
+    F: DatabaseProviderFactory<
+        Provider: StageCheckpointReader + TryIntoHistoricalStateProvider + BlockNumReader,
+    >,
+    LatestStateProvider<F::Provider>: reth_provider::StateProvider + Send + 'static,
+{
+    let provider = factory.database_provider_ro()?;
+    let executed = provider
+        .get_stage_checkpoint(StageId::Execution)?
+        .map_or(0, |checkpoint| checkpoint.block_number);
+    if number == executed {
+        return Ok(Box::new(LatestStateProvider::new(provider)));
+    }
+    provider.try_into_history_at_block(number)
 }
 
 /// A provider factory of the database alone (the offline commands' and the tests'), without
@@ -65,10 +98,15 @@ impl<N: ProviderNodeTypes> fmt::Debug for FactoryOpener<N> {
 
 impl<N: ProviderNodeTypes> StateOpener for FactoryOpener<N> {
     fn open(&self, at: StateAt) -> ProviderResult<StateProviderBox> {
-        match at {
-            StateAt::Hash(hash) => self.0.history_by_block_hash(hash),
-            StateAt::Number(number) => self.0.history_by_block_number(number),
-        }
+        let number = match at {
+            StateAt::Hash(hash) => self
+                .0
+                .provider()?
+                .block_number(hash)?
+                .ok_or(ProviderError::BlockHashNotFound(hash))?,
+            StateAt::Number(number) => number,
+        };
+        database_state_at(&self.0, number)
     }
 }
 
@@ -182,6 +220,10 @@ pub enum Ineligible {
     Rejected(ExecutionError),
 }
 
+/// A block [`ParallelBlocks::execute`] did not execute: why, and its transactions, back for
+/// reth's executor.
+pub type NotExecuted = (Ineligible, Vec<Recovered<TxEnvelope>>);
+
 /// overdrive's parallel executor set up for one node.
 #[derive(Debug)]
 pub struct ParallelBlocks {
@@ -236,17 +278,30 @@ impl ParallelBlocks {
     ///
     /// `env` and `ctx` are what reth's executor was created with. The block reads the state
     /// `state` reads: its database, at the first block it executed's parent, and the bundle of
-    /// the blocks since. Nothing changes on `state` when this fails.
+    /// the blocks since. Nothing changes on `state` when this fails, and the transactions come
+    /// back with the reason (reth's executor runs them then).
     pub fn execute(
         &self,
         env: &EvmEnv,
         ctx: &EthBlockExecutionCtx<'_>,
-        transactions: impl IntoIterator<Item = Recovered<TxEnvelope>>,
+        transactions: Vec<Recovered<TxEnvelope>>,
         state: &mut dyn BlockState,
-    ) -> Result<(BlockOutput, ExecutedBy), Ineligible> {
+    ) -> Result<(BlockOutput, ExecutedBy), NotExecuted> {
         let started = Instant::now();
         let block = convert::block(env, ctx, transactions);
-        if evm_env(&self.spec, &block) != *env {
+        self.execute_block(&block, env, ctx, state, started)
+            .map_err(|why| (why, block.transactions))
+    }
+
+    fn execute_block(
+        &self,
+        block: &overdrive_primitives::RecoveredBlock,
+        env: &EvmEnv,
+        ctx: &EthBlockExecutionCtx<'_>,
+        state: &mut dyn BlockState,
+        started: Instant,
+    ) -> Result<(BlockOutput, ExecutedBy), Ineligible> {
+        if evm_env(&self.spec, block) != *env {
             if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(
                     target: "overdrive::exec",
@@ -282,14 +337,31 @@ impl ParallelBlocks {
             || opener.open(at).map(StateProviderDatabase::new),
             StateProviderDatabase::new(current),
         );
-        let reader = BundleOverlay::new(state.bundle(), base);
-        let (mut output, stats) = self
-            .executor
-            .execute_with_stats(&self.spec, &block, &reader)
-            .map_err(Ineligible::Rejected)?;
-        drop(reader);
+        let prepared = started.elapsed();
+        // One thread reads each location once anyway (its `revm::State` caches it); several
+        // read it on the thread that speculates and again on the committer.
+        let (mut output, stats) = if self.executor.config().threads > 1 {
+            let reader = BundleOverlay::new(state.bundle(), CachedReader::new(base));
+            self.executor.execute_with_stats(&self.spec, block, &reader)
+        } else {
+            let reader = BundleOverlay::new(state.bundle(), base);
+            self.executor.execute_with_stats(&self.spec, block, &reader)
+        }
+        .map_err(Ineligible::Rejected)?;
+        let executed = started.elapsed();
         let bundle = std::mem::take(&mut output.bundle);
         state.apply_block(bundle);
+        tracing::debug!(
+            target: "overdrive::exec",
+            block = block.header.number,
+            txs = block.transactions.len(),
+            prepare_us = prepared.as_micros() as u64,
+            execute_us = (executed - prepared).as_micros() as u64,
+            apply_us = (started.elapsed() - executed).as_micros() as u64,
+            validated = stats.map(|s| s.validated),
+            exact = stats.map(|s| s.exact),
+            "block executed"
+        );
         let executed_by = if stats.is_some() {
             ExecutedBy::Parallel
         } else {

@@ -320,6 +320,27 @@ fn database(
     (dir, spec, factory)
 }
 
+/// A random-block generator of the executor's differential tests and a database holding its
+/// genesis; its blocks start at 1, on the database's genesis.
+fn generator(
+    fork: common::Fork,
+    seed: u64,
+    label: &str,
+) -> (
+    common::Gen,
+    overdrive_primitives::MemState,
+    tempfile::TempDir,
+    Arc<ChainSpec>,
+    Factory,
+) {
+    let (mut generator, state) = common::Gen::new(fork, seed);
+    generator.number = 0;
+    let mut genesis = generator.spec.genesis.clone();
+    genesis.alloc = support::alloc(&state);
+    let (dir, spec, factory) = database(&genesis, label);
+    (generator, state, dir, spec, factory)
+}
+
 /// Every generated workload, sealed by `overdrive chain export`'s builder.
 #[test]
 fn workload_blocks_match_reth() {
@@ -374,17 +395,12 @@ fn workload_blocks_match_reth() {
 /// create, destroy, call precompiles, read system-call writes...), at Cancun and Prague.
 #[test]
 fn random_blocks_match_reth() {
-    use common::{Fork, Gen};
+    use common::Fork;
     use overdrive_executor::{BlockExecutor, SequentialExecutor};
     for fork in [Fork::Cancun, Fork::Prague] {
         for seed in 0..3 {
             let seed = common::seed_base() + seed;
-            let (mut generator, mut state) = Gen::new(fork, seed);
-            // The database holds the genesis only: the blocks start at 1.
-            generator.number = 0;
-            let mut genesis = generator.spec.genesis.clone();
-            genesis.alloc = support::alloc(&state);
-            let (_dir, spec, factory) = database(&genesis, "random");
+            let (mut generator, mut state, _dir, spec, factory) = generator(fork, seed, "random");
             let mut blocks = Vec::new();
             for _ in 0..3 {
                 let mut block = generator.block(&state, 40);
@@ -412,12 +428,7 @@ fn random_blocks_match_reth() {
 /// rejected with reth's error, and leaves nothing behind.
 #[test]
 fn invalid_transactions_get_reths_error() {
-    use common::{Fork, Gen};
-    let (mut generator, state) = Gen::new(Fork::Prague, 7);
-    generator.number = 0;
-    let mut genesis = generator.spec.genesis.clone();
-    genesis.alloc = support::alloc(&state);
-    let (_dir, spec, factory) = database(&genesis, "invalid");
+    let (mut generator, state, _dir, spec, factory) = generator(common::Fork::Prague, 7, "invalid");
     let mut block = generator.block(&state, 20);
     block.header.parent_hash = spec.genesis_hash();
     let key = generator.senders[5].clone();
@@ -445,12 +456,7 @@ fn invalid_transactions_get_reths_error() {
 /// state of its own) runs on reth's executor, with reth's result.
 #[test]
 fn unknown_parents_run_on_reths_executor() {
-    use common::{Fork, Gen};
-    let (mut generator, state) = Gen::new(Fork::Prague, 11);
-    generator.number = 0;
-    let mut genesis = generator.spec.genesis.clone();
-    genesis.alloc = support::alloc(&state);
-    let (_dir, spec, factory) = database(&genesis, "side");
+    let (mut generator, state, _dir, spec, factory) = generator(common::Fork::Prague, 11, "side");
     let mut block = generator.block(&state, 20);
     block.header.parent_hash = B256::repeat_byte(0x5e);
     let block = support::reth_recovered(&block);
