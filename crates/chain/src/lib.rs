@@ -3,8 +3,9 @@
 //! The generators make blocks whose post-execution fields are left zero and whose base fee is
 //! constant. [`build`] executes each block with the reference executor on the previous one's
 //! state and seals it: EIP-1559 base fee, gas used, receipts root, logs bloom, requests hash,
-//! state root. Every sealed block passes overdrive's consensus checks before it is kept. [`write`]
-//! stores the chain as reth's `import` reads it: a `genesis.json` and a file of RLP blocks.
+//! state root. Every sealed block passes overdrive's consensus checks before it is kept.
+//! [`write()`] stores the chain as reth's `import` reads it: a `genesis.json` and a file of RLP
+//! blocks.
 
 use alloy_consensus::{Block, BlockBody, Header, TxEnvelope};
 use alloy_eips::{eip1559::BaseFeeParams, eip7840::BlobParams};
