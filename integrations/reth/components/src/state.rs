@@ -136,3 +136,196 @@ fn changed_slots(account: &BundleAccount, wiped: bool) -> EvmStorage {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_evm::{
+        EvmFactory,
+        block::BlockExecutor as _,
+        eth::{EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder},
+    };
+    use overdrive_executor::{BlockExecutor as _, SequentialExecutor, evm_env, execution_ctx};
+    use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
+    use overdrive_workload::{WorkloadConfig, WorkloadKind};
+    use revm::database::{WrapDatabaseRef, states::bundle_state::BundleRetention};
+
+    /// Executes `block` on `state` with alloy-evm's executor, as reth's does, and merges it.
+    fn execute_here(
+        spec: &ChainSpec,
+        block: &RecoveredBlock,
+        state: &mut State<WrapDatabaseRef<&MemState>>,
+    ) {
+        state.prepare();
+        let evm = EthEvmFactory::default().create_evm(&mut *state, evm_env(spec, block));
+        let executor = EthBlockExecutor::new(
+            evm,
+            execution_ctx(block),
+            spec,
+            AlloyReceiptBuilder::default(),
+        );
+        executor.execute_block(block.transactions.iter()).unwrap();
+        state.merge_transitions(BundleRetention::Reverts);
+    }
+
+    /// What reth writes for a bundle, sorted.
+    fn written(bundle: BundleState) -> String {
+        let (mut changes, mut reverts) =
+            bundle.to_plain_state_and_reverts(revm::database::OriginalValuesKnown::Yes);
+        changes.accounts.sort_by_key(|(a, _)| *a);
+        changes.storage.sort_by_key(|s| s.address);
+        for s in &mut changes.storage {
+            s.storage.sort_by_key(|(k, _)| *k);
+        }
+        for block in &mut reverts.accounts {
+            block.sort_by_key(|(a, _)| *a);
+        }
+        for block in &mut reverts.storage {
+            block.sort_by_key(|s| s.address);
+            for s in block.iter_mut() {
+                s.storage_revert.sort_by_key(|(k, _)| *k);
+            }
+        }
+        let strip = |i: &Option<AccountInfo>| i.as_ref().map(|i| (i.nonce, i.balance, i.code_hash));
+        let accounts: Vec<_> = changes
+            .accounts
+            .iter()
+            .map(|(a, i)| (a, strip(i)))
+            .collect();
+        let reverted: Vec<Vec<_>> = reverts
+            .accounts
+            .iter()
+            .map(|b| b.iter().map(|(a, i)| (a, strip(i))).collect())
+            .collect();
+        format!(
+            "{accounts:?}\n{:?}\n{reverted:?}\n{:?}",
+            changes.storage, reverts.storage
+        )
+    }
+
+    /// A state that took whole blocks (their bundles) and then executes one itself, through its
+    /// transitions, holds what one that executed every block itself holds; and whole blocks read
+    /// through the bundle, after a block the state executed itself.
+    #[test]
+    fn whole_blocks_and_executed_ones_mix_on_one_state() {
+        let workload = overdrive_workload::generate(&WorkloadConfig {
+            accounts: 200,
+            txs_per_block: 60,
+            blocks: 4,
+            ..WorkloadConfig::new(WorkloadKind::Hybrid)
+        })
+        .unwrap();
+        let spec = &workload.chain_spec;
+        let blocks = &workload.blocks;
+        let genesis = &workload.genesis;
+
+        let mut reference = State::builder()
+            .with_database_ref(genesis)
+            .with_bundle_update()
+            .build();
+        for block in blocks {
+            execute_here(spec, block, &mut reference);
+        }
+
+        // Blocks 1 and 3 arrive whole (executed on what the state reads), 2 and 4 execute here.
+        let mut mixed = State::builder()
+            .with_database_ref(genesis)
+            .with_bundle_update()
+            .build();
+        let mut seen = genesis.clone();
+        for (i, block) in blocks.iter().enumerate() {
+            if i % 2 == 0 {
+                let output = SequentialExecutor.execute(spec, block, &seen).unwrap();
+                seen.apply_bundle(&output.bundle);
+                mixed.apply_block(output.bundle);
+            } else {
+                execute_here(spec, block, &mut mixed);
+                let mut own = mixed.bundle_state.clone();
+                // What the state reads now, for the next whole block.
+                seen = genesis.clone();
+                own.reverts.clear();
+                seen.apply_bundle(&own);
+            }
+            seen.block_hashes.insert(block.header.number, block.hash);
+        }
+        assert_eq!(
+            written(mixed.take_bundle()),
+            written(reference.take_bundle())
+        );
+    }
+
+    /// Each account the block destroyed is destroyed first, then every account's final info and
+    /// changed slots follow.
+    #[test]
+    fn hook_updates_destroy_first() {
+        use alloy_primitives::Address;
+        use revm::database::states::{StorageSlot, reverts::AccountRevert};
+        let created_again = Address::repeat_byte(1);
+        let changed = Address::repeat_byte(2);
+        let gone = Address::repeat_byte(3);
+        let info = |balance: u64| AccountInfo {
+            balance: U256::from(balance),
+            ..Default::default()
+        };
+        let slot = |original: u64, present: u64| {
+            StorageSlot::new_changed(U256::from(original), U256::from(present))
+        };
+        let mut bundle = BundleState::default();
+        bundle.state.insert(
+            created_again,
+            BundleAccount::new(
+                Some(info(5)),
+                Some(info(6)),
+                [(U256::from(1), slot(9, 9)), (U256::from(2), slot(0, 0))]
+                    .into_iter()
+                    .collect(),
+                revm::database::AccountStatus::DestroyedChanged,
+            ),
+        );
+        bundle.state.insert(
+            changed,
+            BundleAccount::new(
+                Some(info(1)),
+                Some(info(2)),
+                [(U256::from(1), slot(3, 4)), (U256::from(2), slot(7, 7))]
+                    .into_iter()
+                    .collect(),
+                revm::database::AccountStatus::Changed,
+            ),
+        );
+        bundle.state.insert(
+            gone,
+            BundleAccount::new(
+                Some(info(8)),
+                None,
+                Default::default(),
+                revm::database::AccountStatus::Destroyed,
+            ),
+        );
+        bundle.reverts = revm::database::states::reverts::Reverts::new(vec![vec![(
+            gone,
+            AccountRevert::default(),
+        )]]);
+        let updates = hook_updates(&bundle);
+        assert_eq!(updates.len(), 2);
+        let (first, second) = (&updates[0], &updates[1]);
+        assert_eq!(first.len(), 2, "the destroyed accounts");
+        assert!(
+            first
+                .values()
+                .all(|a| a.is_selfdestructed() && a.is_touched())
+        );
+        assert_eq!(first[&gone].original_info(), info(8));
+        // After its destruction the created-again account's non-zero slots are all new.
+        let again = &second[&created_again];
+        assert_eq!(again.info.balance, U256::from(6));
+        assert_eq!(again.original_info(), AccountInfo::default());
+        assert_eq!(again.storage.len(), 1);
+        assert_eq!(again.storage[&U256::from(1)].present_value, U256::from(9));
+        // Elsewhere only the slots that changed.
+        let kept = &second[&changed];
+        assert_eq!(kept.original_info(), info(1));
+        assert_eq!(kept.storage.len(), 1);
+        assert!(!second.contains_key(&gone));
+    }
+}

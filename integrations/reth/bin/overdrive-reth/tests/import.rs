@@ -115,17 +115,7 @@ fn contents(genesis: &Path, datadir: &Path) -> (u64, B256, String) {
 /// identical databases; overdrive's ran every block on its parallel path.
 #[test]
 fn imports_agree_for_every_workload() {
-    for kind in [
-        WorkloadKind::Transfer,
-        WorkloadKind::Erc20,
-        WorkloadKind::Uniswap,
-        WorkloadKind::Hybrid,
-        WorkloadKind::Chained,
-        WorkloadKind::Allowance,
-        WorkloadKind::Router,
-        WorkloadKind::Compute,
-        WorkloadKind::Exchange,
-    ] {
+    for kind in WorkloadKind::ALL {
         let chain = chain(kind, 5);
         let dir = support::temp_dir("import");
         let (genesis, file) = overdrive_chain::write(&chain, dir.path()).unwrap();
