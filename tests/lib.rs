@@ -18,3 +18,19 @@ pub fn fixtures_dir() -> PathBuf {
     );
     dir
 }
+
+/// The execution-spec-tests fixtures: `OVERDRIVE_EEST_FIXTURES` or `../shared/fixtures/eest`
+/// beside the repository. Panics with a clear message when missing.
+pub fn eest_dir() -> PathBuf {
+    let dir = std::env::var_os("OVERDRIVE_EEST_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/eest")
+        });
+    assert!(
+        dir.is_dir(),
+        "execution-spec-tests fixtures not found at {}",
+        dir.display()
+    );
+    dir
+}

@@ -18,13 +18,17 @@ use alloy_eips::{
     eip7685::Requests,
     eip7840::BlobParams,
 };
-use alloy_primitives::{B256, Bloom};
+use alloy_primitives::{Address, B256, Bloom};
+use alloy_rlp::Encodable;
 use overdrive_primitives::{ChainSpec, EthereumHardforks, RecoveredBlock};
 
 /// The smallest gas limit a block may have.
 pub const MINIMUM_GAS_LIMIT: u64 = 5000;
 /// The largest gas limit a block may have (geth's and reth's bound).
 pub const MAXIMUM_GAS_LIMIT: u64 = i64::MAX as u64;
+/// EIP-7934 (Osaka): the largest RLP-encoded block, 10 MiB less a 2 MiB margin for the
+/// consensus layer's wrapping (reth's `MAX_RLP_BLOCK_SIZE`).
+pub const MAX_RLP_BLOCK_SIZE: usize = 8_388_608;
 
 /// A broken consensus rule. The block is invalid and must leave the chain at its parent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,6 +91,15 @@ pub enum ConsensusError {
     /// A blob transaction that cannot be included.
     #[error("transaction {index}: {reason}")]
     BlobTransaction { index: usize, reason: &'static str },
+    /// An Osaka block larger than EIP-7934 allows.
+    #[error("block is {rlp_length} bytes of RLP, more than the {max} allowed")]
+    BlockTooLarge { rlp_length: usize, max: usize },
+    /// A Prague block whose end-of-block call reaches a request contract with no code.
+    #[error("system contract {contract} ({address}) has no code")]
+    SystemContractEmpty {
+        contract: &'static str,
+        address: Address,
+    },
 }
 
 use ConsensusError as E;
@@ -279,6 +292,15 @@ pub fn validate_body(spec: &ChainSpec, block: &RecoveredBlock) -> Result<(), Con
         (Some(_), _) => return Err(E::Withdrawals("present")),
         (None, _) => return Err(E::Withdrawals("missing")),
     }
+    if spec.is_osaka_active_at_timestamp(header.timestamp) {
+        let rlp_length = block_rlp_length(block);
+        if rlp_length > MAX_RLP_BLOCK_SIZE {
+            return Err(E::BlockTooLarge {
+                rlp_length,
+                max: MAX_RLP_BLOCK_SIZE,
+            });
+        }
+    }
     if let Some(got) = header.blob_gas_used {
         let params = spec
             .blob_params_at(header.timestamp)
@@ -345,6 +367,56 @@ pub fn validate_post_execution(
                 header: header_hash,
                 computed,
             });
+        }
+    }
+    Ok(())
+}
+
+/// The length of `block`'s RLP encoding, without encoding it.
+pub fn block_rlp_length(block: &RecoveredBlock) -> usize {
+    fn list(payload: usize) -> usize {
+        payload + alloy_rlp::length_of_length(payload)
+    }
+    let transactions = block
+        .transactions
+        .iter()
+        .map(|tx| tx.inner().length())
+        .sum();
+    let ommers = block.ommers.iter().map(Encodable::length).sum();
+    let withdrawals = block
+        .withdrawals
+        .as_ref()
+        .map_or(0, |w| list(w.iter().map(Encodable::length).sum()));
+    list(block.header.length() + list(transactions) + list(ommers) + withdrawals)
+}
+
+/// EIP-7002 and EIP-7251: a Prague block is invalid when the withdrawal or the consolidation
+/// request contract has no code for the block's end-of-block call. `has_code` answers for the
+/// state after the block's transactions (the calls themselves cannot remove code).
+///
+/// reth v2.5.1 and alloy-evm 0.38 do not check this (the call to an empty account succeeds
+/// with no requests); execution-spec-tests expect the block rejected.
+pub fn validate_system_contracts(
+    spec: &ChainSpec,
+    header: &Header,
+    has_code: impl Fn(Address) -> bool,
+) -> Result<(), ConsensusError> {
+    if !spec.is_prague_active_at_timestamp(header.timestamp) {
+        return Ok(());
+    }
+    let contracts = [
+        (
+            "EIP-7002 withdrawal requests",
+            alloy_eips::eip7002::WITHDRAWAL_REQUEST_PREDEPLOY_ADDRESS,
+        ),
+        (
+            "EIP-7251 consolidation requests",
+            alloy_eips::eip7251::CONSOLIDATION_REQUEST_PREDEPLOY_ADDRESS,
+        ),
+    ];
+    for (contract, address) in contracts {
+        if !has_code(address) {
+            return Err(E::SystemContractEmpty { contract, address });
         }
     }
     Ok(())
@@ -493,5 +565,98 @@ mod tests {
             validate_state_root(&child, B256::repeat_byte(1)),
             Err(E::RootMismatch { .. })
         ));
+    }
+
+    /// An Osaka (dev plus Osaka) block whose one legacy transaction carries `input`, with every
+    /// body commitment in its header right.
+    fn osaka_block(input: usize, osaka: bool) -> (ChainSpec, RecoveredBlock) {
+        use alloy_consensus::{SignableTransaction, TxEnvelope, TxLegacy, transaction::Recovered};
+        use alloy_primitives::{Signature, TxKind};
+        let mut spec = ChainSpec::dev();
+        if osaka {
+            spec = spec.with_fork(
+                overdrive_primitives::EthereumHardfork::Osaka,
+                overdrive_primitives::ForkCondition::Timestamp(0),
+            );
+        }
+        let (_, _, mut header) = chain();
+        let tx = TxLegacy {
+            chain_id: Some(spec.chain_id),
+            gas_limit: 30_000_000,
+            to: TxKind::Call(Address::ZERO),
+            input: Bytes::from(vec![1u8; input]),
+            ..Default::default()
+        };
+        let tx = TxEnvelope::from(tx.into_signed(Signature::test_signature()));
+        header.transactions_root = calculate_transaction_root(std::slice::from_ref(&tx));
+        let transactions = vec![Recovered::new_unchecked(tx, Address::ZERO)];
+        (
+            spec,
+            RecoveredBlock::from_parts(header, transactions, Vec::new(), Some(Vec::new())),
+        )
+    }
+
+    #[test]
+    fn block_rlp_length_is_the_encoding_length() {
+        use alloy_eips::eip4895::Withdrawal;
+        let (_, mut block) = osaka_block(1000, true);
+        assert_eq!(
+            block_rlp_length(&block),
+            alloy_rlp::encode(block.to_block()).len()
+        );
+        block.withdrawals = Some(vec![Withdrawal::default(); 3]);
+        block.ommers = vec![block.header.clone()];
+        assert_eq!(
+            block_rlp_length(&block),
+            alloy_rlp::encode(block.to_block()).len()
+        );
+    }
+
+    /// EIP-7934: an Osaka block may be at most `MAX_RLP_BLOCK_SIZE` bytes of RLP; before Osaka
+    /// any size passes.
+    #[test]
+    fn osaka_blocks_have_a_size_limit() {
+        let (spec, small) = osaka_block(1000, true);
+        assert_eq!(validate_body(&spec, &small), Ok(()));
+        let (spec, large) = osaka_block(MAX_RLP_BLOCK_SIZE, true);
+        assert_eq!(
+            validate_body(&spec, &large),
+            Err(E::BlockTooLarge {
+                rlp_length: block_rlp_length(&large),
+                max: MAX_RLP_BLOCK_SIZE
+            })
+        );
+        let (prague, large) = osaka_block(MAX_RLP_BLOCK_SIZE, false);
+        assert_eq!(validate_body(&prague, &large), Ok(()));
+    }
+
+    /// EIP-7002/7251: from Prague both request contracts need code; before, neither does.
+    #[test]
+    fn prague_request_contracts_need_code() {
+        use alloy_eips::{eip7002, eip7251};
+        let (spec, _, header) = chain();
+        assert_eq!(validate_system_contracts(&spec, &header, |_| true), Ok(()));
+        let without = |missing: Address| {
+            validate_system_contracts(&spec, &header, |address| address != missing)
+        };
+        assert_eq!(
+            without(eip7002::WITHDRAWAL_REQUEST_PREDEPLOY_ADDRESS),
+            Err(E::SystemContractEmpty {
+                contract: "EIP-7002 withdrawal requests",
+                address: eip7002::WITHDRAWAL_REQUEST_PREDEPLOY_ADDRESS
+            })
+        );
+        assert!(matches!(
+            without(eip7251::CONSOLIDATION_REQUEST_PREDEPLOY_ADDRESS),
+            Err(E::SystemContractEmpty { .. })
+        ));
+        let cancun = spec.with_fork(
+            overdrive_primitives::EthereumHardfork::Prague,
+            overdrive_primitives::ForkCondition::Never,
+        );
+        assert_eq!(
+            validate_system_contracts(&cancun, &header, |_| false),
+            Ok(())
+        );
     }
 }

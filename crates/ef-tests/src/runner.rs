@@ -1,16 +1,20 @@
-use crate::fixture::{Fixture, FixtureAccount};
+use crate::fixture::{Fixture, FixtureAccount, FixtureConfig};
 use alloy_consensus::{Block, Header, TxEnvelope};
-use alloy_primitives::{B256, map::HashMap};
+use alloy_eips::eip7840::BlobParams;
+use alloy_genesis::{ChainConfig, Genesis};
+use alloy_primitives::{B256, U256, map::HashMap};
 use alloy_rlp::Decodable;
 use overdrive_consensus::{
     validate_body, validate_header, validate_post_execution, validate_state_root,
+    validate_system_contracts,
 };
 use overdrive_executor::{
     BlockExecutor, BlockOutput, CommitStats, ExecutionError, ParallelConfig, ParallelExecutor,
     SequentialExecutor, TransitionFolding,
 };
-use overdrive_primitives::{ChainSpec, EthereumHardfork, ForkCondition, MemState, RecoveredBlock};
+use overdrive_primitives::{ChainSpec, EthereumHardfork, MemState, RecoveredBlock};
 use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
+use revm::primitives::KECCAK_EMPTY;
 use std::{
     collections::BTreeMap,
     panic::AssertUnwindSafe,
@@ -140,6 +144,17 @@ impl Summary {
         total
     }
 
+    /// The skipped tests, by reason.
+    pub fn skipped_by_reason(&self) -> BTreeMap<&str, Vec<&TestResult>> {
+        let mut m: BTreeMap<&str, Vec<&TestResult>> = BTreeMap::new();
+        for r in &self.results {
+            if let Outcome::Skipped(why) = &r.outcome {
+                m.entry(why.as_str()).or_default().push(r);
+            }
+        }
+        m
+    }
+
     /// (passed, failed, skipped) per network.
     pub fn by_network(&self) -> BTreeMap<&str, (usize, usize, usize)> {
         let mut m: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
@@ -193,26 +208,93 @@ pub fn run_file(path: &Path, options: RunOptions) -> Vec<TestResult> {
     Runner::new(options).run_file(path)
 }
 
-/// Fixture files skipped on purpose, with the reason printed for each test they hold.
-///
-/// These create a contract at an address that already has storage but no code and nonce 0
-/// (EIP-7610). Such accounts cannot exist on mainnet, so revm 42 — the EVM reth v2.5.1 runs —
-/// does not implement the collision rule, and reth's own ef-tests skip the same files. A
-/// drop-in for reth must behave as reth does, so overdrive follows revm here.
-const SKIPPED_FILES: &[(&str, &str)] = &[
-    ("create2collisionStorageParis.json", EIP7610),
-    ("RevertInCreateInInit_Paris.json", EIP7610),
-    ("RevertInCreateInInitCreate2Paris.json", EIP7610),
-    ("create2collisionStorage.json", EIP7610),
-    ("RevertInCreateInInit.json", EIP7610),
-    ("RevertInCreateInInitCreate2.json", EIP7610),
-    ("dynamicAccountOverwriteEmpty.json", EIP7610),
-    ("dynamicAccountOverwriteEmpty_Paris.json", EIP7610),
-    ("InitCollision.json", EIP7610),
-    ("InitCollisionParis.json", EIP7610),
+/// Tests skipped on purpose, by identity: the fixture file's name and a part of the test's name
+/// (its key in the file). Nothing else is ever skipped: an unknown network, field or file is a
+/// failed test.
+pub const KNOWN_SKIPS: &[KnownSkip] = &[
+    // ethereum/tests: every test of these files (their names start with the file's stem).
+    KnownSkip::new(
+        "create2collisionStorageParis.json",
+        "create2collisionStorageParis_",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "RevertInCreateInInit_Paris.json",
+        "RevertInCreateInInit_Paris_",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "RevertInCreateInInitCreate2Paris.json",
+        "RevertInCreateInInitCreate2Paris_",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "create2collisionStorage.json",
+        "create2collisionStorage_",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "RevertInCreateInInit.json",
+        "RevertInCreateInInit_",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "RevertInCreateInInitCreate2.json",
+        "RevertInCreateInInitCreate2_",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "dynamicAccountOverwriteEmpty.json",
+        "dynamicAccountOverwriteEmpty_",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "dynamicAccountOverwriteEmpty_Paris.json",
+        "dynamicAccountOverwriteEmpty_Paris_",
+        EIP7610,
+    ),
+    KnownSkip::new("InitCollision.json", "InitCollision_", EIP7610),
+    KnownSkip::new("InitCollisionParis.json", "InitCollisionParis_", EIP7610),
+    // execution-spec-tests: the collision tests whose target holds storage and a balance, but
+    // no code and nonce 0 (those with code or a nonce collide under revm's rule too, and run).
+    KnownSkip::new(
+        "test_init_collision_create_opcode.json",
+        "-non-empty-balance-",
+        EIP7610,
+    ),
+    KnownSkip::new(
+        "test_init_collision_create_tx.json",
+        "-non-empty-balance-",
+        EIP7610,
+    ),
 ];
 const EIP7610: &str = "EIP-7610 create collision with a storage-only account: impossible on \
     mainnet, not implemented by revm 42 (reth v2.5.1's EVM); reth's ef-tests skip it too";
+
+/// A test skipped on purpose: see [`KNOWN_SKIPS`].
+#[derive(Debug, Clone, Copy)]
+pub struct KnownSkip {
+    /// The fixture file's name.
+    pub file: &'static str,
+    /// A part of the test's name.
+    pub test: &'static str,
+    /// Why it is skipped.
+    pub reason: &'static str,
+}
+
+impl KnownSkip {
+    const fn new(file: &'static str, test: &'static str, reason: &'static str) -> Self {
+        Self { file, test, reason }
+    }
+
+    /// The known skip `name` in `file` is, if any.
+    pub fn find(file: &Path, name: &str) -> Option<&'static Self> {
+        let file = file.file_name()?;
+        KNOWN_SKIPS
+            .iter()
+            .find(|skip| file == skip.file && name.contains(skip.test))
+    }
+}
 
 /// Stack of a test thread: deep EVM call chains in unoptimised test builds need more than
 /// the 2 MiB default.
@@ -344,10 +426,6 @@ impl Runner {
 
     /// Runs every test of one fixture file. An unreadable file is one failed test.
     pub fn run_file(&self, path: &Path) -> Vec<TestResult> {
-        let skip = path
-            .file_name()
-            .and_then(|n| SKIPPED_FILES.iter().find(|(f, _)| n == *f))
-            .map(|(_, why)| *why);
         let failed = |why: String| {
             vec![TestResult {
                 file: path.to_path_buf(),
@@ -376,8 +454,8 @@ impl Runner {
                     .and_then(|n| n.as_str())
                     .unwrap_or("?")
                     .to_string();
-                if let Some(why) = skip {
-                    let outcome = Outcome::Skipped(why.to_string());
+                if let Some(skip) = KnownSkip::find(path, &name) {
+                    let outcome = Outcome::Skipped(skip.reason.to_string());
                     return TestResult {
                         file: path.to_path_buf(),
                         name,
@@ -410,44 +488,115 @@ impl Runner {
     }
 }
 
-/// The fork schedule a fixture network names (chain id 1, as the fixtures sign for it).
-fn network_spec(network: &str) -> Option<ChainSpec> {
-    use EthereumHardfork::*;
-    let by_block = [
-        Frontier,
-        Homestead,
-        Tangerine,
-        SpuriousDragon,
-        Byzantium,
-        Constantinople,
-        Petersburg,
-        Istanbul,
-        Berlin,
-        London,
-        Paris,
-    ];
-    let mut forks: Vec<_> = by_block
-        .iter()
-        .map(|f| (*f, ForkCondition::Block(0)))
-        .collect();
-    let at = |t| ForkCondition::Timestamp(t);
-    match network {
-        "Paris" | "Merge" => {}
-        "Shanghai" => forks.push((Shanghai, at(0))),
-        "Cancun" => forks.extend([(Shanghai, at(0)), (Cancun, at(0))]),
-        "Prague" => forks.extend([(Shanghai, at(0)), (Cancun, at(0)), (Prague, at(0))]),
-        "ParisToShanghaiAtTime15k" => forks.push((Shanghai, at(15_000))),
-        "ShanghaiToCancunAtTime15k" => forks.extend([(Shanghai, at(0)), (Cancun, at(15_000))]),
-        "CancunToPragueAtTime15k" => {
-            forks.extend([(Shanghai, at(0)), (Cancun, at(0)), (Prague, at(15_000))])
+/// The forks a fixture network may name after the merge, in activation order.
+const NETWORK_FORKS: [(&str, EthereumHardfork); 10] = [
+    ("Paris", EthereumHardfork::Paris),
+    ("Shanghai", EthereumHardfork::Shanghai),
+    ("Cancun", EthereumHardfork::Cancun),
+    ("Prague", EthereumHardfork::Prague),
+    ("Osaka", EthereumHardfork::Osaka),
+    ("BPO1", EthereumHardfork::Bpo1),
+    ("BPO2", EthereumHardfork::Bpo2),
+    ("BPO3", EthereumHardfork::Bpo3),
+    ("BPO4", EthereumHardfork::Bpo4),
+    ("BPO5", EthereumHardfork::Bpo5),
+];
+
+/// When the second fork of a transition network (`CancunToPragueAtTime15k`) activates.
+const TRANSITION_TIME: u64 = 15_000;
+
+/// The chain a fixture runs on: its network's fork schedule (every fork up to the network's at
+/// genesis; for `XToYAtTime15k`, up to X at genesis and Y at 15,000), and from `config` the
+/// chain id and blob schedule. Without a config: chain 1, Ethereum's blob parameters.
+fn network_spec(network: &str, config: Option<&FixtureConfig>) -> Result<ChainSpec, String> {
+    let index = |name: &str| {
+        let name = if name == "Merge" { "Paris" } else { name };
+        NETWORK_FORKS.iter().position(|(n, _)| *n == name)
+    };
+    let unknown = || format!("unknown network {network:?}");
+    let (last_at_genesis, transition) = match network.split_once("To") {
+        Some((from, rest)) => {
+            let to = rest.strip_suffix("AtTime15k").ok_or_else(unknown)?;
+            let (from, to) = (
+                index(from).ok_or_else(unknown)?,
+                index(to).ok_or_else(unknown)?,
+            );
+            if to != from + 1 {
+                return Err(unknown());
+            }
+            (from, Some(to))
         }
-        _ => return None,
+        None => (index(network).ok_or_else(unknown)?, None),
+    };
+    let time = |i: usize| {
+        if i <= last_at_genesis {
+            Some(0)
+        } else {
+            (Some(i) == transition).then_some(TRANSITION_TIME)
+        }
+    };
+    let time_of = |fork: EthereumHardfork| {
+        NETWORK_FORKS
+            .iter()
+            .position(|(_, f)| *f == fork)
+            .and_then(time)
+    };
+    let mut chain = ChainConfig {
+        chain_id: 1,
+        homestead_block: Some(0),
+        eip150_block: Some(0),
+        eip155_block: Some(0),
+        eip158_block: Some(0),
+        byzantium_block: Some(0),
+        constantinople_block: Some(0),
+        petersburg_block: Some(0),
+        istanbul_block: Some(0),
+        berlin_block: Some(0),
+        london_block: Some(0),
+        merge_netsplit_block: Some(0),
+        terminal_total_difficulty: Some(U256::ZERO),
+        terminal_total_difficulty_passed: true,
+        shanghai_time: time_of(EthereumHardfork::Shanghai),
+        cancun_time: time_of(EthereumHardfork::Cancun),
+        prague_time: time_of(EthereumHardfork::Prague),
+        osaka_time: time_of(EthereumHardfork::Osaka),
+        bpo1_time: time_of(EthereumHardfork::Bpo1),
+        bpo2_time: time_of(EthereumHardfork::Bpo2),
+        bpo3_time: time_of(EthereumHardfork::Bpo3),
+        bpo4_time: time_of(EthereumHardfork::Bpo4),
+        bpo5_time: time_of(EthereumHardfork::Bpo5),
+        deposit_contract_address: ChainSpec::mainnet().deposit_contract_address,
+        ..Default::default()
+    };
+    if let Some(config) = config {
+        if config.network != network {
+            return Err(format!(
+                "config.network {:?} differs from network {network:?}",
+                config.network
+            ));
+        }
+        chain.chain_id = config.chainid.to();
+        for (fork, params) in &config.blob_schedule {
+            if index(fork).is_none() {
+                return Err(format!("blob schedule names an unknown fork {fork:?}"));
+            }
+            let max = params.max.to::<u64>();
+            let params = BlobParams {
+                target_blob_count: params.target.to(),
+                max_blob_count: max,
+                update_fraction: params.base_fee_update_fraction.to(),
+                max_blobs_per_tx: max,
+                ..BlobParams::cancun()
+            };
+            // alloy reads the schedule by lower-case fork name and adds Osaka's per-transaction
+            // limit and blob base cost to Osaka and later forks.
+            chain.blob_schedule.insert(fork.to_lowercase(), params);
+        }
     }
-    let mut spec = ChainSpec::from_genesis(Default::default());
-    spec.chain_id = 1;
-    spec.hardforks = forks;
-    spec.deposit_contract_address = ChainSpec::mainnet().deposit_contract_address;
-    Some(spec)
+    Ok(ChainSpec::from_genesis(Genesis {
+        config: chain,
+        ..Default::default()
+    }))
 }
 
 fn to_mem_state(accounts: &BTreeMap<alloy_primitives::Address, FixtureAccount>) -> MemState {
@@ -480,15 +629,16 @@ impl Runner {
             Ok(f) => f,
             Err(e) => return Outcome::Failed(format!("malformed fixture: {e}")),
         };
-        let Some(spec) = network_spec(&fixture.network) else {
-            return Outcome::Skipped(format!("network {} is not supported", fixture.network));
+        let spec = match network_spec(&fixture.network, fixture.config.as_ref()) {
+            Ok(spec) => spec,
+            Err(why) => return Outcome::Failed(why),
         };
         if fixture
             .seal_engine
             .as_deref()
             .is_some_and(|s| s != "NoProof")
         {
-            return Outcome::Skipped(format!(
+            return Outcome::Failed(format!(
                 "seal engine {:?} (proof-of-work sealing) is not supported",
                 fixture.seal_engine
             ));
@@ -618,6 +768,13 @@ impl Runner {
         .map_err(|e| e.to_string())?;
         let mut state = MemState::clone(&parent.state);
         state.apply_bundle(&output.bundle);
+        validate_system_contracts(spec, &block.header, |address| {
+            state
+                .accounts
+                .get(&address)
+                .is_some_and(|account| account.info.code_hash != KECCAK_EMPTY)
+        })
+        .map_err(|e| e.to_string())?;
         let (root, trie) = match &parent.trie {
             None => (overdrive_trie::reference::state_root(&state), None),
             Some(parent_trie) => {

@@ -114,12 +114,22 @@ fn random_blocks_prague() {
     run_fork(Fork::Prague);
 }
 
+#[test]
+fn random_blocks_osaka() {
+    run_fork(Fork::Osaka);
+}
+
+#[test]
+fn random_blocks_bpo1() {
+    run_fork(Fork::Bpo1);
+}
+
 /// Large blocks: long dependency chains through the hot senders and contracts.
 #[test]
 fn random_large_blocks() {
     let rounds = if soak() { 20 } else { 3 };
     for seed in 0..rounds {
-        for fork in [Fork::Shanghai, Fork::Cancun, Fork::Prague] {
+        for fork in [Fork::Shanghai, Fork::Cancun, Fork::Prague, Fork::Osaka] {
             run_chain(fork, 1_000 + seed_base() + seed, 3, 400, &[2, 3]);
         }
     }
@@ -153,7 +163,11 @@ fn funded_sink(fork: Fork, seed: u64, sink: usize) -> (Gen, MemState, Address) {
 
 impl SinkChain {
     fn new(seed: u64, sink: usize, sender: usize) -> Self {
-        let (mut generator, state, sink) = funded_sink(Fork::Prague, seed, sink);
+        Self::at(Fork::Prague, seed, sink, sender)
+    }
+
+    fn at(fork: Fork, seed: u64, sink: usize, sender: usize) -> Self {
+        let (mut generator, state, sink) = funded_sink(fork, seed, sink);
         let mut template = generator.block(&state, 1);
         template.header.base_fee_per_gas = Some(7);
         let key = generator.senders[sender].clone();
@@ -299,10 +313,10 @@ fn generated_contracts_reach_their_cases() {
 /// The generator's deposit contract and precompile calls do what the random blocks rely on:
 /// a call of the deposit contract, direct or from a contract, becomes a deposit request of
 /// the block; each precompile call succeeds or fails as `PRECOMPILE_CALLS` says and returns
-/// what the precompile computes.
+/// what the precompile computes. Osaka, the fork with the most precompiles (P256VERIFY).
 #[test]
 fn deposits_and_precompile_calls_reach_the_block_output() {
-    let chain = SinkChain::new(5, 1, 7);
+    let chain = SinkChain::at(Fork::Osaka, 5, 1, 7);
     let sink = chain.sink;
 
     // Deposits: a plain transfer to the deposit contract and a contract's call of it.
@@ -370,8 +384,8 @@ fn deposits_and_precompile_calls_reach_the_block_output() {
 /// What Prague's precompile at `address` returns on `len` zero bytes with the kitchen sink's
 /// 200,000 gas, run directly by revm (`None`: it fails): the reference for the calls above.
 fn direct_precompile(address: u64, len: u64) -> Option<Bytes> {
-    let precompile =
-        revm::precompile::Precompiles::prague().get(&Address::with_last_byte(address as u8))?;
+    let address = Address::left_padding_from(&address.to_be_bytes());
+    let precompile = revm::precompile::Precompiles::osaka().get(&address)?;
     let out = precompile
         .execute(&vec![0; len as usize], 200_000, 0)
         .ok()?;
@@ -390,7 +404,7 @@ fn destroy_and_recreate_races() {
     let (mut raced, mut blocks) = (0, 0);
     let executors = [parallel(2), parallel(3), parallel(4)];
     for trial in 0..trials {
-        for fork in [Fork::Cancun, Fork::Prague] {
+        for fork in [Fork::Cancun, Fork::Prague, Fork::Osaka] {
             let (mut generator, state, sink) = funded_sink(fork, 11_000 + seed_base() + trial, 0);
             let salt = U256::from(100 + trial);
             let child = sink.create2(

@@ -1,7 +1,8 @@
 //! Invalid transactions among random conflicting blocks: the parallel executor must give the
 //! sequential executor's exact result — the same error, or the same output — on the
-//! generator's Cancun and Prague blocks (every transaction type, hot senders, shared contracts,
-//! self-destructs, EIP-7702), each made invalid in one of the ways a block can be:
+//! generator's Cancun, Prague, Osaka and BPO1 blocks (every transaction type, hot senders,
+//! shared contracts, self-destructs, EIP-7702), each made invalid in one of the ways a block can
+//! be:
 //! - its gas limit one below what its most demanding transaction needs (and, as a check, exactly
 //!   that, which must still be valid);
 //! - a base fee above what one transaction offers, or a blob base fee above what blob
@@ -9,7 +10,8 @@
 //! - a transaction dropped (a nonce gap for its sender's later ones) or repeated (nonce too
 //!   low);
 //! - a sender's balance cut before the block, so that validity depends on what its earlier
-//!   transactions in the block spent.
+//!   transactions in the block spent;
+//! - from Osaka, a transaction whose gas limit is one above EIP-7825's cap.
 //!
 //! The committer decides validity from speculative results (gas used so far, balances and
 //! nonces as committed), so these are checked where speculation ran ahead of the invalid
@@ -17,7 +19,11 @@
 
 mod common;
 
-use alloy_consensus::Transaction as _;
+use alloy_consensus::{
+    Transaction as _, TxEip1559, TxEip2930, TxEip4844Variant, TxEip7702, TxEnvelope, TxLegacy,
+    transaction::Recovered,
+};
+use alloy_eips::eip7825::MAX_TX_GAS_LIMIT_OSAKA;
 use common::{Fork, Gen, assert_equal, parallel, seed_base, soak};
 use overdrive_executor::{BlockExecutor, SequentialExecutor};
 use overdrive_primitives::{MemState, RecoveredBlock};
@@ -43,6 +49,8 @@ enum Change {
     /// A sender's balance before the block is cut to at most one and a half times the most
     /// its transactions in the block may cost.
     Balance,
+    /// A transaction re-signed with a gas limit one above EIP-7825's cap (Osaka on).
+    GasCap,
 }
 
 /// Per change: how many blocks stayed valid and how many were rejected.
@@ -82,6 +90,45 @@ fn with_transactions(
         block.ommers.clone(),
         block.withdrawals.clone(),
     )
+}
+
+/// `tx` with another gas limit, signed again by its sender (one of the generator's keys).
+fn with_gas_limit(
+    generator: &Gen,
+    tx: &Recovered<TxEnvelope>,
+    gas_limit: u64,
+) -> Option<Recovered<TxEnvelope>> {
+    let key = generator
+        .senders
+        .iter()
+        .chain([&generator.sponsor])
+        .find(|k| k.address == tx.signer())?;
+    Some(match tx.inner().clone() {
+        TxEnvelope::Legacy(s) => key.sign(TxLegacy {
+            gas_limit,
+            ..s.strip_signature()
+        }),
+        TxEnvelope::Eip2930(s) => key.sign(TxEip2930 {
+            gas_limit,
+            ..s.strip_signature()
+        }),
+        TxEnvelope::Eip1559(s) => key.sign(TxEip1559 {
+            gas_limit,
+            ..s.strip_signature()
+        }),
+        TxEnvelope::Eip4844(s) => {
+            let mut inner = s.strip_signature();
+            match &mut inner {
+                TxEip4844Variant::TxEip4844(t) => t.gas_limit = gas_limit,
+                TxEip4844Variant::TxEip4844WithSidecar(t) => t.tx.gas_limit = gas_limit,
+            }
+            key.sign(inner)
+        }
+        TxEnvelope::Eip7702(s) => key.sign(TxEip7702 {
+            gas_limit,
+            ..s.strip_signature()
+        }),
+    })
 }
 
 /// The changed blocks (and pre-states) of one valid block, with what each must give where
@@ -125,10 +172,11 @@ fn changes(
     ));
 
     if txs.iter().any(|tx| tx.blob_versioned_hashes().is_some()) {
-        // A blob base fee of 54 wei (Prague) or 400 (Cancun); transactions offer 10.
+        // A blob base fee of about 1,300 wei (BPO1's update fraction, the largest here) or
+        // more; transactions offer 10.
         out.push((
             Change::BlobFee,
-            with_header(block, |h| h.excess_blob_gas = Some(20_000_000)),
+            with_header(block, |h| h.excess_blob_gas = Some(60_000_000)),
             None,
             Some(false),
         ));
@@ -175,6 +223,21 @@ fn changes(
                 + blobs * 131_072 * tx.max_fee_per_blob_gas().unwrap_or(0)
         })
         .sum();
+    if generator.fork >= Fork::Osaka
+        && let Some(over) = with_gas_limit(generator, &txs[j], MAX_TX_GAS_LIMIT_OSAKA + 1)
+    {
+        let mut capped = txs.clone();
+        capped[j] = over;
+        out.push((
+            Change::GasCap,
+            with_header(&with_transactions(block, capped), |h| {
+                h.gas_limit = h.gas_limit.max(2 * MAX_TX_GAS_LIMIT_OSAKA)
+            }),
+            None,
+            Some(false),
+        ));
+    }
+
     let mut poorer = state.clone();
     if let Some(account) = poorer.accounts.get_mut(&sender) {
         account.info.balance = U256::from(generator.rng.random_range(0..=most * 3 / 2));
@@ -228,7 +291,7 @@ fn invalid_transactions_in_random_blocks_give_the_sequential_result() {
     let mut tally = Tally::new();
     let base = seed_base();
     for seed in base..base + seeds {
-        for fork in [Fork::Cancun, Fork::Prague] {
+        for fork in [Fork::Cancun, Fork::Prague, Fork::Osaka, Fork::Bpo1] {
             run(fork, 7_000 + seed, blocks, &mut tally);
         }
     }
@@ -243,6 +306,7 @@ fn invalid_transactions_in_random_blocks_give_the_sequential_result() {
         Change::Dropped,
         Change::Repeated,
         Change::Balance,
+        Change::GasCap,
     ] {
         let (valid, rejected) = tally.get(&change).copied().unwrap_or_default();
         assert!(valid + rejected > 0, "{change:?} never made");

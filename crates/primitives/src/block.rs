@@ -1,4 +1,6 @@
-use alloy_consensus::{Block, BlockBody, Header, TxEnvelope, transaction::Recovered};
+use alloy_consensus::{
+    Block, BlockBody, Header, TxEip4844Variant, TxEnvelope, transaction::Recovered,
+};
 use alloy_eips::eip4895::Withdrawal;
 use alloy_primitives::{Address, B256};
 use alloy_rlp::Decodable;
@@ -9,6 +11,15 @@ pub enum BlockError {
     /// The RLP did not decode as a block (or had trailing bytes).
     #[error("block RLP does not decode: {0}")]
     Rlp(#[from] alloy_rlp::Error),
+    /// A blob transaction carries its blobs: that form is valid on the network (EIP-4844's
+    /// `PooledTransactions`), never inside a block.
+    #[error(
+        "transaction {index} is a blob transaction with its blob sidecar, a form valid only on the network"
+    )]
+    BlobSidecarInBlock {
+        /// Position of the transaction in the block.
+        index: usize,
+    },
     /// A transaction's signature did not recover to a sender.
     #[error("transaction {index} has an invalid signature: {reason}")]
     InvalidSignature {
@@ -51,6 +62,11 @@ impl RecoveredBlock {
             .into_iter()
             .enumerate()
             .map(|(index, tx)| {
+                if let TxEnvelope::Eip4844(signed) = &tx
+                    && matches!(signed.tx(), TxEip4844Variant::TxEip4844WithSidecar(_))
+                {
+                    return Err(BlockError::BlobSidecarInBlock { index });
+                }
                 let sender = recover_sender(&tx)
                     .map_err(|reason| BlockError::InvalidSignature { index, reason })?;
                 Ok(Recovered::new_unchecked(tx, sender))
@@ -121,4 +137,52 @@ impl RecoveredBlock {
 fn recover_sender(tx: &TxEnvelope) -> Result<Address, String> {
     use alloy_consensus::transaction::SignerRecoverable;
     tx.recover_signer().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_consensus::{
+        SignableTransaction, TxEip4844, TxEip4844WithSidecar, transaction::SignerRecoverable,
+    };
+    use alloy_eips::{eip4844::BlobTransactionSidecar, eip7594::BlobTransactionSidecarVariant};
+    use alloy_primitives::Signature;
+
+    fn block_with(tx: TxEip4844Variant) -> Vec<u8> {
+        let tx = TxEnvelope::from(tx.into_signed(Signature::test_signature()));
+        let block = Block {
+            header: Header::default(),
+            body: BlockBody {
+                transactions: vec![tx],
+                ommers: Vec::new(),
+                withdrawals: None,
+            },
+        };
+        alloy_rlp::encode(block)
+    }
+
+    /// A blob transaction decodes in a block without its blobs, and is refused with them (its
+    /// network form), whatever its signature.
+    #[test]
+    fn blob_sidecars_are_refused_inside_blocks() {
+        let tx = TxEip4844 {
+            blob_versioned_hashes: vec![B256::with_last_byte(1)],
+            ..Default::default()
+        };
+        let bare = RecoveredBlock::decode(&block_with(TxEip4844Variant::TxEip4844(tx.clone())));
+        assert!(
+            !matches!(bare, Err(BlockError::BlobSidecarInBlock { .. })),
+            "{bare:?}"
+        );
+        let full = TxEip4844Variant::TxEip4844WithSidecar(TxEip4844WithSidecar {
+            tx,
+            sidecar: BlobTransactionSidecarVariant::Eip4844(BlobTransactionSidecar::default()),
+        });
+        let signed = full.clone().into_signed(Signature::test_signature());
+        assert!(TxEnvelope::from(signed).recover_signer().is_ok());
+        assert!(matches!(
+            RecoveredBlock::decode(&block_with(full)),
+            Err(BlockError::BlobSidecarInBlock { index: 0 })
+        ));
+    }
 }

@@ -8,6 +8,7 @@ use alloy_eips::{
     eip7002, eip7251,
     eip7685::EMPTY_REQUESTS_HASH,
     eip7840::BlobParams,
+    eip7892::BlobScheduleBlobParams,
 };
 use alloy_evm::eth::spec::EthExecutorSpec;
 use alloy_genesis::{ChainConfig, Genesis, GenesisAccount};
@@ -66,6 +67,9 @@ pub struct ChainSpec {
     pub hardforks: Vec<(EthereumHardfork, ForkCondition)>,
     /// EIP-6110 deposit contract (Prague requests).
     pub deposit_contract_address: Option<Address>,
+    /// EIP-4844/7840 blob parameters of each fork, and of the blob-parameter-only forks
+    /// (EIP-7892) by activation time: reth's own type, read the way reth reads it.
+    pub blob_params: BlobScheduleBlobParams,
     /// Genesis parameters and allocation.
     pub genesis: Genesis,
     /// Known genesis hash, when the preset is a public network (used as a check).
@@ -94,10 +98,23 @@ impl ChainSpec {
             },
             ..Default::default()
         };
+        let hardforks = EthereumHardfork::mainnet().to_vec();
+        let scheduled = [EthereumHardfork::Bpo1, EthereumHardfork::Bpo2]
+            .into_iter()
+            .zip([BlobParams::bpo1(), BlobParams::bpo2()])
+            .filter_map(|(fork, params)| {
+                let (_, condition) = hardforks.iter().find(|(f, _)| *f == fork)?;
+                match condition {
+                    ForkCondition::Timestamp(time) => Some((*time, params)),
+                    _ => None,
+                }
+            })
+            .collect::<Vec<_>>();
         Self {
             chain_id: 1,
-            hardforks: EthereumHardfork::mainnet().to_vec(),
+            hardforks,
             deposit_contract_address: Some(MAINNET_DEPOSIT_CONTRACT_ADDRESS),
+            blob_params: BlobScheduleBlobParams::mainnet().with_scheduled(scheduled),
             genesis,
             expected_genesis_hash: Some(b256!(
                 "d4e56740f876aef8c010b86a40d5f56745a118d0906a34e69aec8c0db1cb8fa3"
@@ -196,7 +213,9 @@ impl ChainSpec {
         alloy_primitives::keccak256(format!("overdrive dev account {i}"))
     }
 
-    /// A spec from a geth-style genesis: forks from its `config`, chain id, allocation.
+    /// A spec from a geth-style genesis: forks from its `config`, chain id, allocation, and the
+    /// blob schedule (`config.blobSchedule`, keyed `cancun`, `prague`, `osaka`, `bpo1`..`bpo5`;
+    /// forks it leaves out keep Ethereum's parameters).
     pub fn from_genesis(genesis: Genesis) -> Self {
         let c = &genesis.config;
         let mut hardforks = vec![(EthereumHardfork::Frontier, ForkCondition::Block(0))];
@@ -243,6 +262,11 @@ impl ChainSpec {
             (EthereumHardfork::Cancun, c.cancun_time),
             (EthereumHardfork::Prague, c.prague_time),
             (EthereumHardfork::Osaka, c.osaka_time),
+            (EthereumHardfork::Bpo1, c.bpo1_time),
+            (EthereumHardfork::Bpo2, c.bpo2_time),
+            (EthereumHardfork::Bpo3, c.bpo3_time),
+            (EthereumHardfork::Bpo4, c.bpo4_time),
+            (EthereumHardfork::Bpo5, c.bpo5_time),
             (EthereumHardfork::Amsterdam, c.amsterdam_time),
         ];
         hardforks.extend(
@@ -254,6 +278,7 @@ impl ChainSpec {
             chain_id: c.chain_id,
             hardforks,
             deposit_contract_address: c.deposit_contract_address,
+            blob_params: c.blob_schedule_blob_params(),
             genesis,
             expected_genesis_hash: None,
         }
@@ -318,22 +343,19 @@ impl ChainSpec {
         self
     }
 
-    /// Blob parameters in force at `timestamp`, `None` before Cancun.
+    /// Blob parameters in force at `timestamp`, `None` before Cancun: the latest
+    /// blob-parameter-only fork active, else Osaka's, Prague's or Cancun's (reth's
+    /// `blob_params_at_timestamp`).
     pub fn blob_params_at(&self, timestamp: u64) -> Option<BlobParams> {
-        let active = |f| {
-            self.ethereum_fork_activation(f)
-                .active_at_timestamp(timestamp)
-        };
-        if active(EthereumHardfork::Bpo2) {
-            Some(BlobParams::bpo2())
-        } else if active(EthereumHardfork::Bpo1) {
-            Some(BlobParams::bpo1())
+        let params = &self.blob_params;
+        if let Some(scheduled) = params.active_scheduled_params_at_timestamp(timestamp) {
+            Some(*scheduled)
         } else if self.is_osaka_active_at_timestamp(timestamp) {
-            Some(BlobParams::osaka())
+            Some(params.osaka)
         } else if self.is_prague_active_at_timestamp(timestamp) {
-            Some(BlobParams::prague())
+            Some(params.prague)
         } else if self.is_cancun_active_at_timestamp(timestamp) {
-            Some(BlobParams::cancun())
+            Some(params.cancun)
         } else {
             None
         }
@@ -430,4 +452,56 @@ fn system_contracts() -> [(Address, Bytes); 4] {
             eip7251::CONSOLIDATION_REQUEST_PREDEPLOY_CODE.clone(),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_eips::{eip7594::MAX_BLOBS_PER_TX_FUSAKA, eip7840::BLOB_BASE_COST};
+
+    #[test]
+    fn mainnet_blob_parameters_follow_its_forks() {
+        let spec = ChainSpec::mainnet();
+        let at = |fork| match spec.ethereum_fork_activation(fork) {
+            ForkCondition::Timestamp(time) => spec.blob_params_at(time),
+            other => panic!("{fork:?} activates at {other:?}"),
+        };
+        assert_eq!(at(EthereumHardfork::Cancun), Some(BlobParams::cancun()));
+        assert_eq!(at(EthereumHardfork::Prague), Some(BlobParams::prague()));
+        assert_eq!(at(EthereumHardfork::Osaka), Some(BlobParams::osaka()));
+        assert_eq!(at(EthereumHardfork::Bpo1), Some(BlobParams::bpo1()));
+        assert_eq!(at(EthereumHardfork::Bpo2), Some(BlobParams::bpo2()));
+        assert_eq!(spec.blob_params_at(0), None);
+    }
+
+    /// A genesis's blob schedule sets each fork's parameters; the blob-parameter-only forks
+    /// take effect at their time with Osaka's per-transaction limit and blob base cost.
+    #[test]
+    fn genesis_blob_schedule_is_read_by_fork() {
+        let custom = BlobParams {
+            target_blob_count: 20,
+            max_blob_count: 30,
+            update_fraction: 9_000_000,
+            ..BlobParams::cancun()
+        };
+        let mut genesis = Genesis::default();
+        genesis.config.london_block = Some(0);
+        genesis.config.shanghai_time = Some(0);
+        genesis.config.cancun_time = Some(0);
+        genesis.config.prague_time = Some(0);
+        genesis.config.osaka_time = Some(0);
+        genesis.config.bpo1_time = Some(100);
+        genesis.config.blob_schedule.insert("bpo1".into(), custom);
+        let spec = ChainSpec::from_genesis(genesis);
+        assert!(spec.is_bpo1_active_at_timestamp(100));
+        assert_eq!(spec.blob_params_at(99), Some(BlobParams::osaka()));
+        assert_eq!(
+            spec.blob_params_at(100),
+            Some(BlobParams {
+                max_blobs_per_tx: MAX_BLOBS_PER_TX_FUSAKA,
+                blob_base_cost: BLOB_BASE_COST,
+                ..custom
+            })
+        );
+    }
 }

@@ -42,6 +42,10 @@ pub struct EfTestsArgs {
     /// Print every passing test too.
     #[arg(long)]
     verbose: bool,
+    /// Fail when more tests than this are skipped. Only the tests of the runner's known-skip
+    /// list are ever skipped; this catches a list that grew to cover more than it should.
+    #[arg(long = "max-skipped")]
+    max_skipped: Option<usize>,
 }
 
 pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
@@ -63,7 +67,7 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
     for r in &summary.results {
         match &r.outcome {
             Outcome::Failed(why) => println!("FAIL {} :: {}: {why}", r.file.display(), r.name),
-            Outcome::Skipped(why) => println!("SKIP {} :: {}: {why}", r.file.display(), r.name),
+            Outcome::Skipped(_) => {}
             Outcome::Passed if args.verbose => {
                 let e = r.executed;
                 println!(
@@ -76,6 +80,12 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
                 )
             }
             Outcome::Passed => {}
+        }
+    }
+    for (reason, tests) in summary.skipped_by_reason() {
+        println!("skipped {} tests: {reason}", tests.len());
+        for r in tests {
+            println!("  SKIP {} :: {}", r.file.display(), r.name);
         }
     }
     for (network, (p, f, s)) in summary.by_network() {
@@ -102,6 +112,11 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
     }
     if failed > 0 {
         std::process::exit(1);
+    }
+    if let Some(max) = args.max_skipped
+        && skipped > max
+    {
+        bail!("{skipped} tests skipped, more than the {max} allowed (--max-skipped)");
     }
     // A parallel run whose blocks all fell back to sequential (a pool that failed to start)
     // would pass without testing the parallel executor.

@@ -39,10 +39,14 @@ pub enum Fork {
     Shanghai,
     Cancun,
     Prague,
+    /// Osaka: the transaction gas cap, six blobs a transaction, the P-256 precompile, CLZ.
+    Osaka,
+    /// The first blob-parameter-only fork: Osaka's rules with BPO1's blob parameters.
+    Bpo1,
 }
 
 impl Fork {
-    pub const ALL: [Fork; 7] = [
+    pub const ALL: [Fork; 9] = [
         Fork::Homestead,
         Fork::Byzantium,
         Fork::London,
@@ -50,6 +54,8 @@ impl Fork {
         Fork::Shanghai,
         Fork::Cancun,
         Fork::Prague,
+        Fork::Osaka,
+        Fork::Bpo1,
     ];
 
     pub fn spec(self) -> ChainSpec {
@@ -72,7 +78,13 @@ impl Fork {
             shanghai_time: at(Fork::Shanghai),
             cancun_time: at(Fork::Cancun),
             prague_time: at(Fork::Prague),
+            osaka_time: at(Fork::Osaka),
+            bpo1_time: at(Fork::Bpo1),
             deposit_contract_address: Some(DEPOSIT_CONTRACT),
+            blob_schedule: (self >= Fork::Bpo1)
+                .then(|| ("bpo1".to_string(), alloy_eips::eip7840::BlobParams::bpo1()))
+                .into_iter()
+                .collect(),
             ..Default::default()
         };
         ChainSpec::from_genesis(Genesis {
@@ -131,7 +143,7 @@ pub fn deposit_contract() -> Vec<u8> {
 /// valid for every one (points at infinity, zero scalars, empty exponents, zero rounds) except
 /// the KZG point evaluation (0x0a), whose zero commitment does not match its versioned hash.
 /// Before a precompile's fork its address is an empty account and the call just succeeds.
-pub const PRECOMPILE_CALLS: [(u64, u64); 18] = [
+pub const PRECOMPILE_CALLS: [(u64, u64); 19] = [
     (0x01, 128),
     (0x02, 32),
     (0x03, 32),
@@ -150,6 +162,8 @@ pub const PRECOMPILE_CALLS: [(u64, u64); 18] = [
     (0x0f, 384),
     (0x10, 64),
     (0x11, 128),
+    // P256VERIFY (EIP-7951, from Osaka; an empty account before).
+    (0x100, 160),
 ];
 
 /// A tiny assembler: opcodes, pushes and labelled jumps.
@@ -163,6 +177,9 @@ struct Asm {
 const STOP: u8 = 0x00;
 const ADD: u8 = 0x01;
 const SUB: u8 = 0x03;
+const MUL: u8 = 0x02;
+const SHL: u8 = 0x1b;
+const CLZ: u8 = 0x1e;
 const DIV: u8 = 0x04;
 const ISZERO: u8 = 0x15;
 const AND: u8 = 0x16;
@@ -274,7 +291,7 @@ pub fn child_initcode() -> Vec<u8> {
 }
 
 /// Operations of the kitchen-sink contract (first calldata byte).
-pub const OPS: u8 = 18;
+pub const OPS: u8 = 19;
 
 /// The kitchen-sink contract: a dispatcher on calldata byte 0 (see `OPS`), arguments in the
 /// 32-byte words after it. Uses DIV rather than SHR so pre-Constantinople forks can run the
@@ -305,6 +322,7 @@ pub fn kitchen_sink() -> Vec<u8> {
         "ephemeral",
         "sysread",
         "precompiles",
+        "clz",
     ];
     for (i, name) in cases.iter().enumerate() {
         a.op(DUP1).push(i as u64).op(EQ).push_label(name).op(JUMPI);
@@ -522,6 +540,17 @@ pub fn kitchen_sink() -> Vec<u8> {
         .push(0x400)
         .op(MLOAD)
         .push(17)
+        .op(SSTORE)
+        .op(STOP);
+    // 18: slots[18] = CLZ(arg1 << (arg0 * 8)) (EIP-7939, Osaka; halts before)
+    a.label("clz")
+        .arg(1)
+        .push(8)
+        .arg(0)
+        .op(MUL)
+        .op(SHL)
+        .op(CLZ)
+        .push(18)
         .op(SSTORE)
         .op(STOP);
     a.data("initcode", &init);
@@ -1057,8 +1086,18 @@ impl Gen {
             }),
             3 => {
                 let TxKind::Call(to) = to else { unreachable!() };
-                let mut hash = B256::from(self.rng.random::<[u8; 32]>());
-                hash.0[0] = 1;
+                // Up to the most a transaction may carry at this fork (six from Osaka).
+                let most = self
+                    .spec
+                    .blob_params_at(self.timestamp)
+                    .map_or(1, |p| p.max_blobs_per_tx);
+                let blob_versioned_hashes = (0..self.rng.random_range(1..=most))
+                    .map(|_| {
+                        let mut hash = B256::from(self.rng.random::<[u8; 32]>());
+                        hash.0[0] = 1;
+                        hash
+                    })
+                    .collect();
                 key.sign(TxEip4844Variant::<
                     alloy_eips::eip4844::BlobTransactionSidecar,
                 >::TxEip4844(TxEip4844 {
@@ -1070,7 +1109,7 @@ impl Gen {
                     to,
                     value,
                     access_list,
-                    blob_versioned_hashes: vec![hash],
+                    blob_versioned_hashes,
                     max_fee_per_blob_gas: 10,
                     input,
                 }))

@@ -8,8 +8,9 @@ use overdrive_primitives::RecoveredBlock;
 use reth_chainspec::{ChainSpec, EthChainSpec};
 use reth_ethereum_primitives::{Receipt, TransactionSigned};
 
-/// overdrive's chain spec for reth's: the chain id, every Ethereum fork's activation, and the
-/// deposit contract. Execution reads nothing else (the genesis is left empty).
+/// overdrive's chain spec for reth's: the chain id, every Ethereum fork's activation, the
+/// deposit contract and the blob parameters. Execution reads nothing else (the genesis is left
+/// empty).
 pub fn chain_spec(spec: &ChainSpec) -> overdrive_primitives::ChainSpec {
     overdrive_primitives::ChainSpec {
         chain_id: spec.chain().id(),
@@ -19,6 +20,7 @@ pub fn chain_spec(spec: &ChainSpec) -> overdrive_primitives::ChainSpec {
             .filter(|(_, condition)| *condition != ForkCondition::Never)
             .collect(),
         deposit_contract_address: spec.deposit_contract().map(|contract| contract.address),
+        blob_params: spec.blob_params.clone(),
         genesis: Default::default(),
         expected_genesis_hash: None,
     }
@@ -77,8 +79,8 @@ mod tests {
     use super::*;
     use reth_chainspec::{DEV, MAINNET};
 
-    /// Every fork of reth's schedule keeps its activation, and the executor derives the same
-    /// EVM environment from both specs.
+    /// Every fork of reth's schedule keeps its activation and blob parameters, so the executor
+    /// derives the same EVM environment from both specs.
     #[test]
     fn chain_specs_agree_on_every_fork() {
         for spec in [&*MAINNET, &*DEV] {
@@ -90,6 +92,13 @@ mod tests {
                     spec.ethereum_fork_activation(fork),
                     "{fork:?}"
                 );
+                if let ForkCondition::Timestamp(time) = spec.ethereum_fork_activation(fork) {
+                    assert_eq!(
+                        ours.blob_params_at(time),
+                        spec.blob_params_at_timestamp(time),
+                        "{fork:?}"
+                    );
+                }
             }
             assert_eq!(
                 ours.deposit_contract_address,
