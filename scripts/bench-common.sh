@@ -6,7 +6,8 @@
 BIN="${1:-}"
 if [[ -z "$BIN" ]]; then
   cargo build --release --locked -q -p overdrive
-  BIN=./target/release/overdrive
+  # Where cargo put it (CARGO_TARGET_DIR or the workspace's target/).
+  BIN="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/overdrive"
 fi
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"

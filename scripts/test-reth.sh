@@ -20,3 +20,5 @@ reth_cargo fmt -p overdrive-reth-components -p overdrive-reth --check
 # and a second profile would build reth twice.
 reth_cargo clippy --release --workspace --all-targets --locked -- -D warnings
 reth_cargo test --release --workspace --locked
+# Clients nobody here wrote (web3.py, viem, anvil) against the node the tests just built.
+bash scripts/client-checks.sh

@@ -55,6 +55,8 @@ fn main() -> eyre::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log)?)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a log redirected to a file stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Some(addr) = cli.metrics {
         metrics::serve(addr)?;

@@ -40,6 +40,9 @@ pub enum BenchCommand {
     /// State root: full rebuild, reth-style incremental, and overdrive's trie on 1 and N
     /// threads, on the same ERC20-shaped update sets.
     Trie(TrieArgs),
+    /// A node under load: pre-signed transactions sent over JSON-RPC, TPS and latency
+    /// measured from the chain; `--compare` runs stock reth and overdrive-reth.
+    Load(super::load::LoadArgs),
 }
 
 /// How both benchmarks treat the heap.
@@ -223,6 +226,7 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
     match cmd {
         BenchCommand::Exec(args) => exec(args),
         BenchCommand::Trie(args) => trie(args),
+        BenchCommand::Load(args) => super::load::run(args),
     }
 }
 

@@ -2,6 +2,7 @@ pub mod bench;
 pub mod chain;
 pub mod ef_tests;
 pub mod init;
+pub mod load;
 mod split;
 
 /// Parses a count flag that must be at least 1 (threads, blocks, transactions): zero would

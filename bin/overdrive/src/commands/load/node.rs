@@ -1,0 +1,172 @@
+//! A `node --dev` of `overdrive-reth` for `--compare`: started on free local ports with a
+//! transaction pool and block gas limit that do not cap the load, stopped with SIGTERM (then
+//! SIGKILL) when the run is over or the command fails.
+
+use super::rpc::Rpc;
+use eyre::{WrapErr, bail};
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// How long a node may take to answer JSON-RPC after it starts.
+const STARTUP: Duration = Duration::from_secs(120);
+/// How long a node may take to shut down after SIGTERM before it is killed.
+const SHUTDOWN: Duration = Duration::from_secs(60);
+
+pub struct DevNodeConfig<'a> {
+    pub binary: &'a Path,
+    pub genesis: &'a Path,
+    pub datadir: &'a Path,
+    pub log: &'a Path,
+    pub gas_limit: u64,
+    pub block_time: usize,
+    /// The components' switches (none: stock reth).
+    pub flags: &'a [&'a str],
+}
+
+pub struct DevNode {
+    child: Option<Child>,
+    http: u16,
+}
+
+impl DevNode {
+    /// Starts the node and waits until it answers `eth_blockNumber`.
+    pub fn start(config: &DevNodeConfig<'_>) -> eyre::Result<Self> {
+        let log = std::fs::File::create(config.log)
+            .wrap_err_with(|| format!("creating {}", config.log.display()))?;
+        let http = free_port()?;
+        let big = "100000000";
+        let child = Command::new(config.binary)
+            .arg("node")
+            .args([
+                "--dev",
+                "--dev.block-time",
+                &format!("{}s", config.block_time),
+            ])
+            .arg("--chain")
+            .arg(config.genesis)
+            .arg("--datadir")
+            .arg(config.datadir)
+            .args([
+                "--http",
+                "--http.port",
+                &http.to_string(),
+                "--http.api",
+                "eth,net,web3",
+            ])
+            .args(["--port", &free_port()?.to_string(), "--disable-discovery"])
+            .args(["--authrpc.port", &free_port()?.to_string(), "--ipcdisable"])
+            .args(["--builder.gaslimit", &config.gas_limit.to_string()])
+            .args([
+                "--txpool.pending-max-count",
+                big,
+                "--txpool.pending-max-size",
+                "100000",
+            ])
+            .args([
+                "--txpool.queued-max-count",
+                big,
+                "--txpool.queued-max-size",
+                "100000",
+            ])
+            .args([
+                "--txpool.basefee-max-count",
+                big,
+                "--txpool.basefee-max-size",
+                "100000",
+            ])
+            .args([
+                "--txpool.max-account-slots",
+                big,
+                "--txpool.disable-transactions-backup",
+            ])
+            .args(["--txpool.gas-limit", &config.gas_limit.to_string()])
+            .args(["--rpc.max-connections", "10000"])
+            .args(config.flags)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .wrap_err_with(|| format!("starting {}", config.binary.display()))?;
+        let mut node = Self {
+            child: Some(child),
+            http,
+        };
+        let rpc = Rpc::new(&node.rpc_url())?;
+        let started = Instant::now();
+        while rpc.call("eth_blockNumber", serde_json::json!([])).is_err() {
+            if let Some(status) = node
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "the node exited with {status} before answering; see {}",
+                    config.log.display()
+                );
+            }
+            if started.elapsed() > STARTUP {
+                bail!(
+                    "the node did not answer within {STARTUP:?}; see {}",
+                    config.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Ok(node)
+    }
+
+    /// CPU seconds (user and system) the node has used so far, from `/proc`.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pid = self.child.as_ref()?.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        (per_second > 0).then(|| ticks as f64 / per_second as f64)
+    }
+
+    pub fn rpc_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http)
+    }
+
+    /// SIGTERM, then SIGKILL after [`SHUTDOWN`].
+    pub fn stop(mut self) {
+        self.shut_down();
+    }
+
+    fn shut_down(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // SAFETY: signalling our own child by its pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let started = Instant::now();
+        while started.elapsed() < SHUTDOWN {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for DevNode {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// A local port nothing listens on now.
+fn free_port() -> eyre::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
