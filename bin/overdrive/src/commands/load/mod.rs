@@ -190,11 +190,19 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
         })?;
         eprintln!("load: {label} node up ({}), sending", node.rpc_url());
         let cpu_before = node.cpu_seconds();
+        let stages_before = node.stage_seconds()?;
         let observed = run_load(&Rpc::new(&node.rpc_url())?, &txs, &args);
         let cpu = cpu_before.zip(node.cpu_seconds()).map(|(a, b)| b - a);
+        let stages = node.stage_seconds()?;
         node.stop();
         let mut report = Report::new(&name, args.accounts, &observed?);
         report.set_node_cpu(cpu);
+        report.set_stages(
+            node::STAGES
+                .iter()
+                .zip(stages.iter().zip(&stages_before))
+                .map(|((stage, _, _), (after, before))| (stage.to_string(), after - before)),
+        );
         write_report(&args, label, &report)?;
         print_report(label, &report);
         reports.push(report);
@@ -481,6 +489,9 @@ fn write_report(args: &LoadArgs, label: &str, report: &Report) -> eyre::Result<(
 fn print_report(label: &str, report: &Report) {
     if let (Some(cpu), Some(per_tx)) = (report.node_cpu_s, report.node_cpu_us_per_tx) {
         println!("{label}: node CPU {cpu} s, {per_tx} us per included transaction");
+    }
+    for (stage, ms) in &report.stage_ms_per_block {
+        println!("{label}:   {stage}: {ms} ms per block");
     }
     println!(
         "{label}: {} tps, {:.1} Mgas/s over {} blocks ({} s); latency p50 {} ms, p95 {} ms, p99 {} ms; {} sent, {} included, {} refused",

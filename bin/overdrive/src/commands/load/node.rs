@@ -29,7 +29,43 @@ pub struct DevNodeConfig<'a> {
 pub struct DevNode {
     child: Option<Child>,
     http: u16,
+    metrics: u16,
 }
+
+/// Where a node spends its time, from reth's metrics (sums of histograms, in seconds): the
+/// stage's name, the metric, and a label the sample must carry.
+pub const STAGES: [(&str, &str, &str); 6] = [
+    (
+        "intake (eth_sendRawTransaction)",
+        "reth_rpc_server_calls_time_seconds_sum",
+        "method=\"eth_sendRawTransaction\"",
+    ),
+    (
+        "build (payload resolve)",
+        "reth_payloads_resolve_duration_seconds_sum",
+        "",
+    ),
+    (
+        "validation (newPayload, total)",
+        "reth_sync_block_validation_total_duration_sum",
+        "",
+    ),
+    (
+        "execution",
+        "reth_sync_execution_execution_histogram_sum",
+        "",
+    ),
+    (
+        "state root",
+        "reth_sync_block_validation_state_root_histogram_sum",
+        "",
+    ),
+    (
+        "persistence",
+        "reth_consensus_engine_persistence_save_blocks_duration_seconds_sum",
+        "",
+    ),
+];
 
 impl DevNode {
     /// Starts the node and waits until it answers `eth_blockNumber`.
@@ -37,6 +73,7 @@ impl DevNode {
         let log = std::fs::File::create(config.log)
             .wrap_err_with(|| format!("creating {}", config.log.display()))?;
         let http = free_port()?;
+        let metrics = free_port()?;
         let big = "100000000";
         let child = Command::new(config.binary)
             .arg("node")
@@ -84,6 +121,7 @@ impl DevNode {
             ])
             .args(["--txpool.gas-limit", &config.gas_limit.to_string()])
             .args(["--rpc.max-connections", "10000"])
+            .args(["--metrics", &format!("127.0.0.1:{metrics}")])
             .args(config.flags)
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -93,6 +131,7 @@ impl DevNode {
         let mut node = Self {
             child: Some(child),
             http,
+            metrics,
         };
         let rpc = Rpc::new(&node.rpc_url())?;
         let started = Instant::now();
@@ -131,6 +170,21 @@ impl DevNode {
         (per_second > 0).then(|| ticks as f64 / per_second as f64)
     }
 
+    /// The seconds each of [`STAGES`] has taken so far (0 for a metric not exported yet).
+    pub fn stage_seconds(&self) -> eyre::Result<Vec<f64>> {
+        let page = http_get(self.metrics)?;
+        Ok(STAGES
+            .iter()
+            .map(|(_, metric, label)| {
+                page.lines()
+                    .filter(|line| line.starts_with(metric) && line.contains(label))
+                    .filter(|line| line[metric.len()..].starts_with([' ', '{']))
+                    .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            })
+            .collect())
+    }
+
     pub fn rpc_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.http)
     }
@@ -162,6 +216,22 @@ impl Drop for DevNode {
     fn drop(&mut self) {
         self.shut_down();
     }
+}
+
+/// The body of `GET /` on a local port.
+fn http_get(port: u16) -> eyre::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map_or(response.clone(), |(_, body)| body.to_string()))
 }
 
 /// A local port nothing listens on now.

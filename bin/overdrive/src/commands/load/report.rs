@@ -70,6 +70,8 @@ pub struct Report {
     pub node_cpu_s: Option<f64>,
     /// The same per included transaction, microseconds.
     pub node_cpu_us_per_tx: Option<f64>,
+    /// Where the node spent its time, per block of the run (from its metrics), milliseconds.
+    pub stage_ms_per_block: BTreeMap<String, f64>,
     pub series: Vec<Second>,
     pub block_log: Vec<BlockSeen>,
 }
@@ -148,9 +150,19 @@ impl Report {
             window_s: round(window_s),
             node_cpu_s: None,
             node_cpu_us_per_tx: None,
+            stage_ms_per_block: BTreeMap::new(),
             series,
             block_log: blocks.clone(),
         }
+    }
+
+    /// Records the seconds each stage took during the run, as milliseconds per block seen.
+    pub fn set_stages(&mut self, seconds: impl IntoIterator<Item = (String, f64)>) {
+        let blocks = self.block_log.len().saturating_sub(1).max(1) as f64;
+        self.stage_ms_per_block = seconds
+            .into_iter()
+            .map(|(stage, s)| (stage, round(s * 1e3 / blocks)))
+            .collect();
     }
 
     /// Records the CPU seconds the node used during the run.
