@@ -2,7 +2,7 @@ use crate::fixture::{Fixture, FixtureAccount, FixtureConfig};
 use alloy_consensus::{Block, Header, TxEnvelope};
 use alloy_eips::eip7840::BlobParams;
 use alloy_genesis::{ChainConfig, Genesis};
-use alloy_primitives::{B256, U256, map::HashMap};
+use alloy_primitives::{B256, map::HashMap};
 use alloy_rlp::Decodable;
 use overdrive_consensus::{
     validate_body, validate_header, validate_post_execution, validate_state_root,
@@ -12,7 +12,9 @@ use overdrive_executor::{
     BlockExecutor, BlockOutput, CommitStats, ExecutionError, ParallelConfig, ParallelExecutor,
     SequentialExecutor, TransitionFolding,
 };
-use overdrive_primitives::{ChainSpec, EthereumHardfork, MemState, RecoveredBlock};
+use overdrive_primitives::{
+    ChainSpec, EthereumHardfork, MemState, RecoveredBlock, merged_chain_config,
+};
 use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
 use revm::primitives::KECCAK_EMPTY;
 use std::{
@@ -542,20 +544,6 @@ fn network_spec(network: &str, config: Option<&FixtureConfig>) -> Result<ChainSp
             .and_then(time)
     };
     let mut chain = ChainConfig {
-        chain_id: 1,
-        homestead_block: Some(0),
-        eip150_block: Some(0),
-        eip155_block: Some(0),
-        eip158_block: Some(0),
-        byzantium_block: Some(0),
-        constantinople_block: Some(0),
-        petersburg_block: Some(0),
-        istanbul_block: Some(0),
-        berlin_block: Some(0),
-        london_block: Some(0),
-        merge_netsplit_block: Some(0),
-        terminal_total_difficulty: Some(U256::ZERO),
-        terminal_total_difficulty_passed: true,
         shanghai_time: time_of(EthereumHardfork::Shanghai),
         cancun_time: time_of(EthereumHardfork::Cancun),
         prague_time: time_of(EthereumHardfork::Prague),
@@ -566,7 +554,7 @@ fn network_spec(network: &str, config: Option<&FixtureConfig>) -> Result<ChainSp
         bpo4_time: time_of(EthereumHardfork::Bpo4),
         bpo5_time: time_of(EthereumHardfork::Bpo5),
         deposit_contract_address: ChainSpec::mainnet().deposit_contract_address,
-        ..Default::default()
+        ..merged_chain_config(1)
     };
     if let Some(config) = config {
         if config.network != network {

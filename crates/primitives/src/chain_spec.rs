@@ -178,25 +178,11 @@ impl ChainSpec {
             );
         }
         let config = ChainConfig {
-            chain_id: 1337,
-            homestead_block: Some(0),
-            eip150_block: Some(0),
-            eip155_block: Some(0),
-            eip158_block: Some(0),
-            byzantium_block: Some(0),
-            constantinople_block: Some(0),
-            petersburg_block: Some(0),
-            istanbul_block: Some(0),
-            berlin_block: Some(0),
-            london_block: Some(0),
-            merge_netsplit_block: Some(0),
-            terminal_total_difficulty: Some(U256::ZERO),
-            terminal_total_difficulty_passed: true,
             shanghai_time: Some(0),
             cancun_time: Some(0),
             prague_time: Some(0),
             deposit_contract_address: Some(Address::ZERO),
-            ..Default::default()
+            ..merged_chain_config(1337)
         };
         let genesis = Genesis {
             config,
@@ -420,6 +406,28 @@ impl EthereumHardforks for ChainSpec {
 impl EthExecutorSpec for ChainSpec {
     fn deposit_contract_address(&self) -> Option<Address> {
         self.deposit_contract_address
+    }
+}
+
+/// A chain config with every block-numbered fork through the merge (Paris) at genesis and no
+/// timestamp fork: what post-merge dev and test chains start from.
+pub fn merged_chain_config(chain_id: u64) -> ChainConfig {
+    ChainConfig {
+        chain_id,
+        homestead_block: Some(0),
+        eip150_block: Some(0),
+        eip155_block: Some(0),
+        eip158_block: Some(0),
+        byzantium_block: Some(0),
+        constantinople_block: Some(0),
+        petersburg_block: Some(0),
+        istanbul_block: Some(0),
+        berlin_block: Some(0),
+        london_block: Some(0),
+        merge_netsplit_block: Some(0),
+        terminal_total_difficulty: Some(U256::ZERO),
+        terminal_total_difficulty_passed: true,
+        ..Default::default()
     }
 }
 

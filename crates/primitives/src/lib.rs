@@ -17,7 +17,9 @@ mod mem;
 mod state;
 
 pub use block::{BlockError, RecoveredBlock};
-pub use chain_spec::{ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address};
+pub use chain_spec::{
+    ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address, merged_chain_config,
+};
 pub use mem::{available_mib, prefault_heap, prefetch, resident_mib};
 pub use state::{MemAccount, MemState, bytecode_from_raw};
 
