@@ -43,6 +43,9 @@ pub enum BenchCommand {
     /// A node under load: pre-signed transactions sent over JSON-RPC, TPS and latency
     /// measured from the chain; `--compare` runs stock reth and overdrive-reth.
     Load(super::load::LoadArgs),
+    /// An exported chain replayed into a fresh node through the Engine API (newPayload,
+    /// forkchoiceUpdated), stock reth against overdrive-reth: the validation path's gas/s.
+    Replay(super::load::replay::ReplayArgs),
 }
 
 /// How both benchmarks treat the heap.
@@ -227,6 +230,7 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
         BenchCommand::Exec(args) => exec(args),
         BenchCommand::Trie(args) => trie(args),
         BenchCommand::Load(args) => super::load::run(args),
+        BenchCommand::Replay(args) => super::load::replay::run(args),
     }
 }
 

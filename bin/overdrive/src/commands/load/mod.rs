@@ -4,6 +4,7 @@
 //! after the other, on the same genesis and the same pre-signed transactions.
 
 mod node;
+pub mod replay;
 mod report;
 mod rpc;
 
@@ -187,6 +188,7 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
             gas_limit: args.gas_limit,
             block_time: args.block_time,
             flags: &flags,
+            jwt: None,
         })?;
         eprintln!("load: {label} node up ({}), sending", node.rpc_url());
         let cpu_before = node.cpu_seconds();

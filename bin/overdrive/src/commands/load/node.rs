@@ -24,12 +24,16 @@ pub struct DevNodeConfig<'a> {
     pub block_time: usize,
     /// The components' switches (none: stock reth).
     pub flags: &'a [&'a str],
+    /// A node fed through the Engine API with this secret, instead of a `--dev` node mining
+    /// its own blocks (`gas_limit` and `block_time` then do not apply).
+    pub jwt: Option<&'a Path>,
 }
 
 pub struct DevNode {
     child: Option<Child>,
     http: u16,
     metrics: u16,
+    auth: u16,
 }
 
 /// Where a node spends its time, from reth's metrics (sums of histograms, in seconds): the
@@ -74,14 +78,53 @@ impl DevNode {
             .wrap_err_with(|| format!("creating {}", config.log.display()))?;
         let http = free_port()?;
         let metrics = free_port()?;
-        let big = "100000000";
-        let child = Command::new(config.binary)
-            .arg("node")
-            .args([
-                "--dev",
-                "--dev.block-time",
-                &format!("{}s", config.block_time),
-            ])
+        let auth = free_port()?;
+        let mut command = Command::new(config.binary);
+        command.arg("node");
+        match config.jwt {
+            None => {
+                // A block gas limit and a pool that do not cap the load.
+                let gas_limit = config.gas_limit.to_string();
+                let big = "100000000";
+                let size = "100000";
+                command
+                    .args([
+                        "--dev",
+                        "--dev.block-time",
+                        &format!("{}s", config.block_time),
+                    ])
+                    .args([
+                        "--builder.gaslimit",
+                        &gas_limit,
+                        "--txpool.gas-limit",
+                        &gas_limit,
+                    ])
+                    .args([
+                        "--txpool.pending-max-count",
+                        big,
+                        "--txpool.pending-max-size",
+                        size,
+                    ])
+                    .args([
+                        "--txpool.queued-max-count",
+                        big,
+                        "--txpool.queued-max-size",
+                        size,
+                    ])
+                    .args([
+                        "--txpool.basefee-max-count",
+                        big,
+                        "--txpool.basefee-max-size",
+                        size,
+                    ])
+                    .args(["--txpool.max-account-slots", big])
+                    .arg("--txpool.disable-transactions-backup");
+            }
+            Some(secret) => {
+                command.arg("--authrpc.jwtsecret").arg(secret);
+            }
+        }
+        let child = command
             .arg("--chain")
             .arg(config.genesis)
             .arg("--datadir")
@@ -94,32 +137,7 @@ impl DevNode {
                 "eth,net,web3",
             ])
             .args(["--port", &free_port()?.to_string(), "--disable-discovery"])
-            .args(["--authrpc.port", &free_port()?.to_string(), "--ipcdisable"])
-            .args(["--builder.gaslimit", &config.gas_limit.to_string()])
-            .args([
-                "--txpool.pending-max-count",
-                big,
-                "--txpool.pending-max-size",
-                "100000",
-            ])
-            .args([
-                "--txpool.queued-max-count",
-                big,
-                "--txpool.queued-max-size",
-                "100000",
-            ])
-            .args([
-                "--txpool.basefee-max-count",
-                big,
-                "--txpool.basefee-max-size",
-                "100000",
-            ])
-            .args([
-                "--txpool.max-account-slots",
-                big,
-                "--txpool.disable-transactions-backup",
-            ])
-            .args(["--txpool.gas-limit", &config.gas_limit.to_string()])
+            .args(["--authrpc.port", &auth.to_string(), "--ipcdisable"])
             .args(["--rpc.max-connections", "10000"])
             .args(["--metrics", &format!("127.0.0.1:{metrics}")])
             .args(config.flags)
@@ -132,6 +150,7 @@ impl DevNode {
             child: Some(child),
             http,
             metrics,
+            auth,
         };
         let rpc = Rpc::new(&node.rpc_url())?;
         let started = Instant::now();
@@ -183,6 +202,10 @@ impl DevNode {
                     .sum()
             })
             .collect())
+    }
+
+    pub fn engine_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.auth)
     }
 
     pub fn rpc_url(&self) -> String {

@@ -13,10 +13,12 @@ use std::{
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A JSON-RPC endpoint, `http://HOST:PORT[/PATH]`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Rpc {
     host: String,
     path: String,
+    /// A fresh `Authorization: Bearer` token for each request (the Engine API's JWT).
+    bearer: Option<std::sync::Arc<dyn Fn() -> String + Send + Sync>>,
 }
 
 impl Rpc {
@@ -40,7 +42,14 @@ impl Rpc {
         Ok(Self {
             host,
             path: path.to_string(),
+            bearer: None,
         })
+    }
+
+    /// Authenticates every request with a token from `token`.
+    pub fn with_bearer(mut self, token: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.bearer = Some(std::sync::Arc::new(token));
+        self
     }
 
     /// Calls `method`; its `result`, or its `error` as an error.
@@ -103,8 +112,11 @@ impl Rpc {
         stream.set_read_timeout(Some(TIMEOUT))?;
         stream.set_write_timeout(Some(TIMEOUT))?;
         stream.set_nodelay(true)?;
+        let auth = self.bearer.as_ref().map_or_else(String::new, |token| {
+            format!("Authorization: Bearer {}\r\n", token())
+        });
         let request = format!(
-            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{auth}Connection: close\r\n\r\n",
             self.path,
             self.host,
             body.len()
