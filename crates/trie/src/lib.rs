@@ -4,7 +4,7 @@
 //!   [`NodeStore`] (by path; [`MemNodeStore`] in memory). Each block's [`HashedPostState`] is
 //!   applied top-down, re-encoding and re-hashing only the nodes on changed paths, with all
 //!   storage tries and then the account trie spread over a persistent worker pool (each worker
-//!   pinned to its own core by default: [`TrieConfig::pin_workers`]) and split by nibble
+//!   unpinned unless [`TrieConfig::pin_workers`] asks for a core each) and split by nibble
 //!   wherever a subtree has many updates. The output is the new root plus the node
 //!   writes and deletes to persist ([`TrieUpdates`]).
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from

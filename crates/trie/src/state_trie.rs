@@ -36,9 +36,10 @@ pub struct TrieConfig {
     /// that CPU support batching only adds work.
     pub batch_hashing: bool,
     /// Pin each worker of the pool [`StateTrie::new`] starts to its own core (when there are
-    /// at least as many cores as workers; see `overdrive_tasks::Pinning`). On by default:
-    /// unpinned, a block's second worker was measured waiting milliseconds for a core while
-    /// another sat idle.
+    /// at least as many cores as workers; see `overdrive_tasks::Pinning`). Off by default:
+    /// inside a node the cores are shared with the node's own threads, which pinned workers
+    /// would fight. A machine running the trie alone (the benchmark) may pin them: unpinned, a
+    /// block's second worker can wait milliseconds for a core while another sits idle.
     pub pin_workers: bool,
 }
 
@@ -48,7 +49,7 @@ impl Default for TrieConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             parallel_threshold: 64,
             batch_hashing: crate::keccak::batched(),
-            pin_workers: true,
+            pin_workers: false,
         }
     }
 }

@@ -7,7 +7,10 @@ pub enum WorkloadError {
     #[error("invalid workload config: {0}")]
     InvalidConfig(String),
     /// A workload kind name that does not exist.
-    #[error("unknown workload {0:?}: expected transfer, erc20, uniswap, hybrid or chained")]
+    #[error(
+        "unknown workload {0:?}: expected transfer, erc20, uniswap, hybrid, chained, allowance, \
+         router, compute or exchange"
+    )]
     UnknownKind(String),
     /// The contract artifacts have not been built.
     #[error(
