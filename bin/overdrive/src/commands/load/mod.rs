@@ -156,28 +156,12 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
         return Ok(());
     }
 
-    let reth = args
-        .reth_bin
-        .clone()
-        .or_else(|| std::env::var_os("OVERDRIVE_RETH_BIN").map(PathBuf::from))
-        .ok_or_else(|| eyre!("--compare needs --reth-bin PATH or OVERDRIVE_RETH_BIN"))?;
+    let reth = reth_binary(args.reth_bin.clone())?;
     let genesis_path = args.out.join("genesis.json");
     std::fs::write(&genesis_path, serde_json::to_vec_pretty(&genesis)?)?;
     let threads = args.threads.to_string();
-    let runs: [(&str, Vec<&str>); 2] = [
-        ("stock", Vec::new()),
-        (
-            "overdrive",
-            vec![
-                "--overdrive.exec",
-                "parallel",
-                "--overdrive.exec.threads",
-                &threads,
-            ],
-        ),
-    ];
     let mut reports = Vec::new();
-    for (label, flags) in runs {
+    for (label, flags) in stock_and_overdrive(&threads) {
         let datadir = args.out.join(format!("{label}-data"));
         let _ = std::fs::remove_dir_all(&datadir);
         let node = node::DevNode::start(&node::DevNodeConfig {
@@ -229,6 +213,32 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The overdrive-reth binary: `given`, else `$OVERDRIVE_RETH_BIN`.
+fn reth_binary(given: Option<PathBuf>) -> eyre::Result<PathBuf> {
+    given
+        .or_else(|| std::env::var_os("OVERDRIVE_RETH_BIN").map(PathBuf::from))
+        .ok_or_else(|| {
+            eyre!("give the overdrive-reth binary: --reth-bin PATH or OVERDRIVE_RETH_BIN")
+        })
+}
+
+/// The two nodes a comparison runs, by label: stock reth (no switch), and overdrive-reth with
+/// every component on.
+fn stock_and_overdrive(threads: &str) -> [(&'static str, Vec<&str>); 2] {
+    [
+        ("stock", Vec::new()),
+        (
+            "overdrive",
+            vec![
+                "--overdrive.exec",
+                "parallel",
+                "--overdrive.exec.threads",
+                threads,
+            ],
+        ),
+    ]
 }
 
 /// The workload's genesis (with `--gas-limit`) and its transactions, in block order.

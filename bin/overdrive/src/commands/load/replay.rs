@@ -46,26 +46,11 @@ struct Replayed {
 pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     let genesis = args.chain.join("genesis.json");
     let blocks = read_chain(&args.chain.join("chain.rlp"))?;
-    let reth = args
-        .reth_bin
-        .clone()
-        .or_else(|| std::env::var_os("OVERDRIVE_RETH_BIN").map(PathBuf::from))
-        .ok_or_else(|| eyre!("bench replay needs --reth-bin PATH or OVERDRIVE_RETH_BIN"))?;
+    let reth = super::reth_binary(args.reth_bin.clone())?;
     std::fs::create_dir_all(&args.out)?;
     let threads = args.threads.to_string();
     let mut results = Vec::new();
-    for (label, flags) in [
-        ("stock", Vec::new()),
-        (
-            "overdrive",
-            vec![
-                "--overdrive.exec",
-                "parallel",
-                "--overdrive.exec.threads",
-                &threads,
-            ],
-        ),
-    ] {
+    for (label, flags) in super::stock_and_overdrive(&threads) {
         let datadir = args.out.join(format!("{label}-data"));
         let _ = std::fs::remove_dir_all(&datadir);
         std::fs::create_dir_all(&datadir)?;

@@ -11,30 +11,12 @@ use overdrive_chain::Fork;
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use reth_provider::{BlockHashReader, BlockNumReader, HeaderProvider};
 use serde_json::{Value, json};
-use std::{
-    path::Path,
-    process::Child,
-    time::{Duration, Instant},
-};
+use std::{path::Path, time::Duration};
 
-struct Node(Child, u16);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// A running node (killed when dropped) and its HTTP port.
+struct Node {
+    _process: support::KillOnDrop,
+    http: u16,
 }
 
 /// A dev node on `datadir` that persists every block as soon as it is canonical.
@@ -79,8 +61,11 @@ fn start(genesis: &Path, datadir: &Path, log: &Path) -> Node {
         .stderr(log)
         .spawn()
         .unwrap();
-    let node = Node(child, http);
-    wait_for("the node's RPC", Duration::from_secs(90), || {
+    let node = Node {
+        _process: support::KillOnDrop(child),
+        http,
+    };
+    support::wait_for("the node's RPC", Duration::from_secs(90), || {
         support::rpc(http, "eth_blockNumber", json!([]))
     });
     node
@@ -91,12 +76,12 @@ fn number(value: &Value) -> u64 {
 }
 
 fn head(node: &Node) -> u64 {
-    number(&support::rpc(node.1, "eth_blockNumber", json!([])).unwrap())
+    number(&support::rpc(node.http, "eth_blockNumber", json!([])).unwrap())
 }
 
 fn block_hash(node: &Node, n: u64) -> Option<String> {
     let block = support::rpc(
-        node.1,
+        node.http,
         "eth_getBlockByNumber",
         json!([format!("{n:#x}"), false]),
     )?;
@@ -111,15 +96,15 @@ fn send_and_mine(node: &Node, txs: &[String], last: &str) {
             .enumerate()
             .map(|(i, tx)| json!({"jsonrpc": "2.0", "id": i, "method": "eth_sendRawTransaction", "params": [tx]}))
             .collect();
-        let response = support::http(node.1, "/", Some(&Value::Array(batch).to_string()))
+        let response = support::http(node.http, "/", Some(&Value::Array(batch).to_string()))
             .expect("the node answers");
         assert!(!response.contains("\"error\""), "refused: {response}");
     }
-    wait_for(
+    support::wait_for(
         "the transactions to be mined",
         Duration::from_secs(120),
         || {
-            support::rpc(node.1, "eth_getTransactionReceipt", json!([last]))
+            support::rpc(node.http, "eth_getTransactionReceipt", json!([last]))
                 .filter(|r| !r.is_null())
         },
     );
@@ -159,7 +144,7 @@ fn a_killed_node_keeps_its_persisted_blocks_and_goes_on() {
     let node = start(&genesis, &datadir, &log);
     send_and_mine(&node, &raw[..half], &hash(half - 1));
     let loaded = head(&node);
-    wait_for("three more blocks", Duration::from_secs(60), || {
+    support::wait_for("three more blocks", Duration::from_secs(60), || {
         (head(&node) >= loaded + 3).then_some(())
     });
     let mut seen: Vec<(u64, String)> = (1..=head(&node))
@@ -184,7 +169,7 @@ fn a_killed_node_keeps_its_persisted_blocks_and_goes_on() {
     let head_hash = block_hash(&node, last).unwrap();
     let mut file = Vec::new();
     for n in 1..=last {
-        let rlp = support::rpc(node.1, "debug_getRawBlock", json!([format!("{n:#x}")])).unwrap();
+        let rlp = support::rpc(node.http, "debug_getRawBlock", json!([format!("{n:#x}")])).unwrap();
         file.extend(alloy_primitives::hex::decode(rlp.as_str().unwrap()).unwrap());
     }
     drop(node);

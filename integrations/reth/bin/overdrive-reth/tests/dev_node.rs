@@ -8,31 +8,7 @@ mod support;
 use alloy_eips::eip2718::Encodable2718;
 use overdrive_chain::Fork;
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
-use std::{
-    process::Child,
-    time::{Duration, Instant},
-};
-
-/// Kills the node when the test ends, however it ends.
-struct Node(Child);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+use std::time::Duration;
 
 /// Runs a dev node with `flags` on the workload's genesis, sends every transaction of its
 /// blocks, waits until all are mined; returns the node's metrics page.
@@ -49,7 +25,7 @@ fn mine_all(flags: &[&str]) -> String {
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     let (http, metrics) = (support::free_port(), support::free_port());
     let log = std::fs::File::create(dir.path().join("node.log")).unwrap();
-    let node = Node(
+    let node = support::KillOnDrop(
         support::overdrive_reth()
             .args(["node", "--dev", "--dev.block-time", "1s", "--chain"])
             .arg(&genesis)
@@ -73,7 +49,7 @@ fn mine_all(flags: &[&str]) -> String {
             .spawn()
             .unwrap(),
     );
-    wait_for("the node's RPC", Duration::from_secs(60), || {
+    support::wait_for("the node's RPC", Duration::from_secs(60), || {
         support::rpc(http, "eth_blockNumber", serde_json::json!([]))
     });
 
@@ -113,7 +89,7 @@ fn mine_all(flags: &[&str]) -> String {
         .last()
         .unwrap()
         .hash();
-    wait_for(
+    support::wait_for(
         "every transaction to be mined",
         Duration::from_secs(120),
         || {

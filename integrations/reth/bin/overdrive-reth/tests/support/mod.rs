@@ -15,8 +15,9 @@ use reth_primitives_traits::RecoveredBlock;
 use reth_provider::ProviderFactory;
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Child, Command, Output},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 /// The reth database of a test.
@@ -152,6 +153,28 @@ pub fn reth_recovered(block: &overdrive_primitives::RecoveredBlock) -> Recovered
         },
     };
     reth_block(&alloy, senders)
+}
+
+/// A child process killed when dropped, however the test ends.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `check` every 200 ms until it gives a value; panics naming `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// A free TCP port on the loopback interface (free when this returns).
