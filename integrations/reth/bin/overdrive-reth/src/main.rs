@@ -37,7 +37,24 @@ impl ExtendedCommand for OverdriveCommands {
 /// root is then computed from the block's output instead. Not an error here.
 const WHOLE_BLOCK_LOG_FILTER: &str = "engine::tree::payload_processor[receipt_root]=off,engine::tree::payload_validator[wait_receipt_root]=off";
 
-fn main() -> eyre::Result<()> {
+fn main() {
+    let code = match run() {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("Error: {error:?}");
+            1
+        }
+    };
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let _ = std::io::Write::flush(&mut std::io::stderr());
+    // Every database the command opened is closed by now, but RocksDB's background timer
+    // thread can outlive it and abort the process while C++ static destructors run at exit
+    // ("pthread lock: Invalid argument", facebook/rocksdb#11349): leave without running them.
+    // SAFETY: `_exit` ends the process at once; no Rust code runs after it.
+    unsafe { libc::_exit(code) }
+}
+
+fn run() -> eyre::Result<()> {
     reth_cli_util::sigsegv_handler::install();
     if std::env::var_os("RUST_BACKTRACE").is_none() {
         // SAFETY: no other thread runs yet.

@@ -202,7 +202,13 @@ fn bad_blocks_stop_the_import_at_the_last_valid_one() {
                 .output()
                 .unwrap();
             let stdout = String::from_utf8_lossy(&output.stdout);
-            assert!(output.status.success(), "{name} {mode}: {}", tail(&stdout));
+            assert!(
+                output.status.success(),
+                "{name} {mode}: {}: {}\nstderr: {}",
+                output.status,
+                tail(&stdout),
+                tail(&String::from_utf8_lossy(&output.stderr))
+            );
             let stopped = "Stopped at last valid block 2 due to invalid block 3";
             assert!(stdout.contains(stopped), "{name} {mode}: {}", tail(&stdout));
             let (head, hash, tables) = contents(&genesis, &datadir);
