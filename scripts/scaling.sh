@@ -12,8 +12,10 @@
 # blocks), OUT (a directory for the raw JSON lines), SPLIT=1 (multi-thread runs also measure `--split-reference`, an ideal
 # partitioned executor on the same blocks, shown in brackets after the cpu ratio, and
 # `--co-run-reference`, as many one-thread tries side by side, in brackets after (c)/(d)).
-# Multi-thread exec cells end with the committer bound in braces (`committer_bound`: sequential
-# time over the committing thread's serial time, the speedup no thread count passes).
+# Multi-thread exec cells add, after ×, the `scaling` (the same executor on one thread, on its
+# parallel path, over it on T threads) and end with the committer bound in braces
+# (`committer_bound`: sequential time over the committing thread's serial time, the speedup
+# no thread count passes).
 # FOLDING=auto|committer|pool passes `--transition-folding` to every exec run (default: the
 # benchmark's, auto); multi-thread cells then add, after a slash, in how many of the 5 blocks
 # the pool folded the state transitions. Running the exec table with FOLDING=committer and
@@ -65,6 +67,8 @@ if [[ -n "${WORKLOADS// }" ]]; then
       if [[ "$RESPECULATE" == 0 ]]; then EXEC_EXTRA+=" --no-respeculate"; fi
       if [[ "$w" == compute ]]; then bench_exec "$w" "$t" "$COMPUTE_TXS"; else bench_exec "$w" "$t"; fi
       cell="$(fmt "$(field speedup "$JSON")") ($(fmt "$(field cpu_ratio "$JSON")"))"
+      scaling=$(field scaling "$JSON" || true)  # absent on one thread
+      if [[ -n "$scaling" ]]; then cell+=" ×$(fmt "$scaling")"; fi
       if [[ "$split" == 1 ]]; then cell+=" [$(fmt "$(field split_speedup "$JSON")")]"; fi
       bound=$(field committer_bound "$JSON" || true)  # absent on one thread
       if [[ -n "$bound" ]]; then cell+=" {$(fmt "$bound")}"; fi

@@ -10,7 +10,7 @@ use overdrive_consensus::{
 };
 use overdrive_executor::{
     BlockExecutor, BlockOutput, CommitStats, ExecutionError, ParallelConfig, ParallelExecutor,
-    SequentialExecutor, TransitionFolding,
+    Scheduling, SequentialExecutor, TransitionFolding,
 };
 use overdrive_primitives::{
     ChainSpec, EthereumHardfork, MemState, RecoveredBlock, merged_chain_config,
@@ -362,13 +362,15 @@ impl Runner {
                 // multi-transaction fixture blocks are).
                 min_txs_for_parallel: 0,
                 min_gas_for_parallel: 0,
-                chain_fallback: false,
-                speculate_all: true,
-                // The pool folds the state transitions: the fixtures' self-destructs,
-                // re-creations and system calls go through that path too (the committer's is
-                // `revm::State`'s own, which the sequential executor runs).
-                transition_folding: TransitionFolding::Pool,
-                ..ParallelConfig::default()
+                scheduling: Scheduling {
+                    chain_fallback: false,
+                    speculate_all: true,
+                    // The pool folds the state transitions: the fixtures' self-destructs,
+                    // re-creations and system calls go through that path too (the committer's
+                    // is `revm::State`'s own, which the sequential executor runs).
+                    transition_folding: TransitionFolding::Pool,
+                    ..Scheduling::default()
+                },
             })),
         };
         Self { options, parallel }

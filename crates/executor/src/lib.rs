@@ -21,7 +21,7 @@ pub use error::ExecutionError;
 pub use metrics::describe_metrics;
 pub use parallel::{
     CommitStats, DEFAULT_MIN_GAS_FOR_PARALLEL, DEFAULT_MIN_TXS_FOR_PARALLEL, LEARNED_BLOCKS,
-    Learned, POOL_FOLDING_SPARE, ParallelConfig, ParallelExecutor, TransitionFolding,
+    Learned, POOL_FOLDING_SPARE, ParallelConfig, ParallelExecutor, Scheduling, TransitionFolding,
     block_gas_estimate,
 };
 pub use readers::{BundleOverlay, CachedReader, PerThreadReader};

@@ -451,9 +451,13 @@ fn conflicting_calls_are_learned_and_forgotten() {
     assert!(executor.learned_conflicts().is_empty());
 
     // Without learning, every such contract's calls are chained and nothing is remembered.
+    let config = parallel(4).config().clone();
     let ordered = overdrive_executor::ParallelExecutor::new(overdrive_executor::ParallelConfig {
-        learn_conflicts: false,
-        ..parallel(4).config().clone()
+        scheduling: overdrive_executor::Scheduling {
+            learn_conflicts: false,
+            ..config.scheduling
+        },
+        ..config
     });
     assert_equal(&ordered, &generator.spec, &block, &state, "ordered").expect("valid");
     assert!(ordered.learned_conflicts().is_empty());
@@ -471,14 +475,17 @@ fn random_thread_counts_and_thresholds() {
                 threads,
                 min_txs_for_parallel: generator.rng.random_range(0..40),
                 min_gas_for_parallel: generator.rng.random_range(0..2_000_000),
-                speculate_all: generator.rng.random_bool(0.5),
-                transition_folding: [
-                    overdrive_executor::TransitionFolding::Auto,
-                    overdrive_executor::TransitionFolding::Committer,
-                    overdrive_executor::TransitionFolding::Pool,
-                ][generator.rng.random_range(0..3)],
-                respeculate: generator.rng.random_bool(0.5),
-                ..Default::default()
+                scheduling: overdrive_executor::Scheduling {
+                    speculate_all: generator.rng.random_bool(0.5),
+                    transition_folding: [
+                        overdrive_executor::TransitionFolding::Auto,
+                        overdrive_executor::TransitionFolding::Committer,
+                        overdrive_executor::TransitionFolding::Pool,
+                    ][generator.rng.random_range(0..3)],
+                    respeculate: generator.rng.random_bool(0.5),
+                    force_parallel_path: generator.rng.random_bool(0.3),
+                    ..Default::default()
+                },
             });
         let out = assert_equal(
             &executor,
@@ -506,9 +513,20 @@ fn random_thread_counts_and_thresholds() {
             );
             assert_eq!(stats.validated + stats.exact, n, "block {b}: {stats:?}");
         }
-        let parallel = threads > 1
-            && n >= config.min_txs_for_parallel.max(1)
-            && overdrive_executor::block_gas_estimate(&block) >= config.min_gas_for_parallel;
+        let parallel = if config.scheduling.force_parallel_path {
+            n > 0
+        } else {
+            threads > 1
+                && n >= config.min_txs_for_parallel.max(1)
+                && overdrive_executor::block_gas_estimate(&block) >= config.min_gas_for_parallel
+        };
+        // One thread has no pool thread to speculate: the committer ran the block alone.
+        if threads == 1 {
+            assert!(
+                !stats.is_some_and(|s| s.multi_threaded()),
+                "block {b}: {stats:?}"
+            );
+        }
         assert_eq!(
             stats.is_some(),
             parallel,

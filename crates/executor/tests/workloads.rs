@@ -3,7 +3,7 @@
 
 mod common;
 
-use overdrive_executor::{ParallelConfig, ParallelExecutor, TransitionFolding};
+use overdrive_executor::{ParallelConfig, ParallelExecutor, Scheduling, TransitionFolding};
 use overdrive_workload::{WorkloadConfig, WorkloadKind, generate};
 
 #[test]
@@ -69,10 +69,10 @@ fn every_workload_equals_sequential() {
                     assert!(stats.commit_ns + stats.exact_ns > 0, "{what}: {stats:?}");
                     // Nothing sends these blocks to the sequential path, which would hand the
                     // transitions back to `revm::State`.
-                    if executor.config().transition_folding == TransitionFolding::Pool {
+                    if executor.config().scheduling.transition_folding == TransitionFolding::Pool {
                         assert!(stats.pool_folded, "{what}: {stats:?}");
                     }
-                    if executor.config().lazy_coinbase {
+                    if executor.config().scheduling.lazy_coinbase {
                         speculated += stats.validated;
                     }
                 }
@@ -115,8 +115,10 @@ fn calls_of_a_contract_validate_after_one_was_committed() {
         threads: 2,
         min_txs_for_parallel: 0,
         min_gas_for_parallel: 0,
-        speculate_all: true,
-        ..Default::default()
+        scheduling: Scheduling {
+            speculate_all: true,
+            ..Scheduling::default()
+        },
     });
     let block = &workload.blocks[0];
     let state = &workload.genesis;
@@ -137,5 +139,44 @@ fn calls_of_a_contract_validate_after_one_was_committed() {
             block.transactions.len(),
             "run {run}: {stats:?}"
         );
+    }
+}
+
+/// The forced parallel path on one thread (what `bench exec` divides by for its `scaling`):
+/// every workload's blocks equal the sequential executor's, run on the parallel path, by the
+/// committer alone; speculate-all, which needs a worker, is ignored there rather than waiting
+/// forever.
+#[test]
+fn one_thread_on_the_forced_parallel_path_equals_sequential() {
+    for speculate_all in [false, true] {
+        let executor = ParallelExecutor::new(ParallelConfig {
+            threads: 1,
+            scheduling: Scheduling {
+                force_parallel_path: true,
+                speculate_all,
+                ..Scheduling::default()
+            },
+            ..ParallelConfig::default()
+        });
+        for kind in WorkloadKind::ALL {
+            let workload = generate(&WorkloadConfig {
+                accounts: 200,
+                txs_per_block: 40,
+                blocks: 2,
+                ..WorkloadConfig::new(kind)
+            })
+            .expect("workload");
+            let mut state = workload.genesis.clone();
+            for block in &workload.blocks {
+                let what = format!("{kind} block {} one thread", block.number());
+                let out =
+                    common::assert_equal(&executor, &workload.chain_spec, block, &state, &what)
+                        .expect("valid");
+                let stats = executor.last_stats().expect("the parallel path ran");
+                assert!(!stats.multi_threaded(), "{what}: {stats:?}");
+                assert_eq!(stats.exact, block.transactions.len(), "{what}");
+                state.apply_bundle(&out.bundle);
+            }
+        }
     }
 }

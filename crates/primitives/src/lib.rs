@@ -7,8 +7,7 @@
 //!   execute against until the MDBX store exists.
 //! - [`RecoveredBlock`]: a block whose transaction senders are already recovered, the input of
 //!   every executor.
-//! - [`prefetch`]: a cache prefetch hint for code that walks large tables; [`prefault_heap`]:
-//!   warms a fresh process's heap before measured work.
+//! - [`prefetch`]: a cache prefetch hint for code that walks large tables.
 //! - [`soak`]: whether the long randomized test runs were asked for.
 
 mod block;
@@ -20,7 +19,7 @@ pub use block::{BlockError, RecoveredBlock};
 pub use chain_spec::{
     ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address, merged_chain_config,
 };
-pub use mem::{available_mib, prefault_heap, prefetch, resident_mib};
+pub use mem::prefetch;
 pub use state::{MemAccount, MemState, bytecode_from_raw};
 
 /// Whether `OVERDRIVE_SOAK` (set, not empty, not `0`) asks the randomized tests of every crate

@@ -14,12 +14,9 @@
 //! - [`RawTrie`]: the same engine over raw keys of any length (the ethereum/tests vectors).
 //! - [`reference`](mod@reference): the root by a full alloy-trie `HashBuilder` build, the
 //!   definition the trie is tested against.
-//! - [`bench`](mod@bench): the `overdrive bench trie` workload and its comparison with a full
-//!   rebuild and a reth-style incremental root.
 //!
 //! Each computed root is recorded through the `metrics` facade (see [`describe_metrics`]).
 
-pub mod bench;
 mod engine;
 mod error;
 mod keccak;

@@ -1,12 +1,12 @@
 use super::split::{SplitReference, SplitTiming};
 use clap::{Args, Subcommand, ValueEnum};
 use eyre::WrapErr;
+use overdrive_bench::process_cpu_time;
 use overdrive_executor::{
-    BlockExecutor, BlockOutput, ParallelConfig, ParallelExecutor, SequentialExecutor,
+    BlockExecutor, BlockOutput, ParallelConfig, ParallelExecutor, Scheduling, SequentialExecutor,
     TransitionFolding,
 };
 use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
-use overdrive_tasks::process_cpu_time;
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -135,12 +135,12 @@ pub struct ExecArgs {
     /// Worker threads of the parallel executor.
     #[arg(long, default_value_t = 2, value_parser = super::positive)]
     threads: usize,
-    /// Timed runs of each executor on each block, the two alternating; the median counts.
+    /// Timed runs of each executor on each block, in an order that rotates; the median counts.
     #[arg(long, default_value_t = 3, value_parser = super::positive)]
     repeat: usize,
     /// Untimed runs of each executor on the first block before measuring (cold instruction
     /// caches and thread start-up would otherwise land in block 1's timings).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help_heading = "Experiments")]
     warmup: usize,
     #[command(flatten)]
     heap: HeapArgs,
@@ -148,36 +148,36 @@ pub struct ExecArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Hybrid workload: share of transactions touching a hot account or pair.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.3, help_heading = "Experiments")]
     hot_share: f64,
     /// Share of transactions sent by a few hot senders.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, help_heading = "Experiments")]
     sender_skew: f64,
     /// Uniswap workload: number of independent pairs.
     #[arg(long, default_value_t = 300)]
     pairs: usize,
     /// Blocks with fewer transactions take the parallel executor's sequential path.
-    #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_TXS_FOR_PARALLEL)]
+    #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_TXS_FOR_PARALLEL, help_heading = "Experiments")]
     min_parallel_txs: usize,
     /// Blocks whose gas (the header's gas used, else the sum of the transactions' gas limits)
     /// is lower take the parallel executor's sequential path.
-    #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_GAS_FOR_PARALLEL)]
+    #[arg(long, default_value_t = overdrive_executor::DEFAULT_MIN_GAS_FOR_PARALLEL, help_heading = "Experiments")]
     min_parallel_gas: u64,
     /// Which thread folds the committed state changes into the block's transitions: `auto`
     /// (the pool when its threads had a quarter of their time to spare in the last parallel
     /// block), `committer` or `pool`.
-    #[arg(long, value_enum, default_value_t = FoldingArg::Auto)]
+    #[arg(long, value_enum, default_value_t = FoldingArg::Auto, help_heading = "Experiments")]
     transition_folding: FoldingArg,
     /// Leave every stale speculative result to the committer's exact re-run, instead of
     /// having pool threads find and execute such results again first.
-    #[arg(long)]
+    #[arg(long, help_heading = "Experiments")]
     no_respeculate: bool,
     /// Also measure an ideal partitioned executor on every block: the block cut into
     /// `--threads` parts that share no sender and no plain-transfer recipient, each run
     /// sequentially on its own state, one after another and then at once (see `split.rs`).
     /// Two more runs per repeat, alternating with the measured pair; the speedup is measured
     /// as without it.
-    #[arg(long)]
+    #[arg(long, help_heading = "Experiments")]
     split_reference: bool,
     /// Print a JSON object as the last line.
     #[arg(long)]
@@ -195,12 +195,23 @@ struct ExecReport {
     gas_per_block: u64,
     sequential_tx_per_s: f64,
     parallel_tx_per_s: Option<f64>,
+    /// Sequential time over parallel: the parallel executor against reth's own executor
+    /// (alloy-evm `EthBlockExecutor` over `revm::State`), what a node gains.
     speedup: Option<f64>,
+    /// The parallel executor on one thread, forced onto its parallel path (the committer
+    /// executes every transaction), over the same on `threads` threads: what the threads
+    /// add, apart from what the parallel path gains on one thread. Absent with one thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scaling: Option<f64>,
     cpu_ratio: Option<f64>,
     equal: Option<bool>,
-    /// Blocks the parallel executor ran on its parallel path; the others fell below its
-    /// thresholds (`--min-parallel-txs`, `--min-parallel-gas`) and ran sequentially.
+    /// Blocks whose transactions ran on more than one thread (some committed results came
+    /// from pool threads).
     parallel_blocks: usize,
+    /// Blocks on the parallel path that the committer ran alone (a chain, or workers that
+    /// never got ahead). The rest fell below the parallel thresholds (`--min-parallel-txs`,
+    /// `--min-parallel-gas`) and ran sequentially.
+    committer_alone_blocks: usize,
     /// Transactions that reverted, over all blocks: the generated workloads expect none, so a
     /// figure over mostly failing transactions is recognised as such.
     reverted: usize,
@@ -236,7 +247,7 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
 
 fn trie(args: TrieArgs) -> eyre::Result<()> {
     args.heap.keep_freed_memory();
-    let config = overdrive_trie::bench::TrieBenchConfig {
+    let config = overdrive_bench::trie::TrieBenchConfig {
         accounts: args.accounts,
         blocks: args.blocks,
         threads: args.threads,
@@ -248,7 +259,7 @@ fn trie(args: TrieArgs) -> eyre::Result<()> {
         one_store: args.one_store,
         evict_caches: args.evict_caches,
     };
-    let report = overdrive_trie::bench::run(&config)?;
+    let report = overdrive_bench::trie::run(&config)?;
     println!("{report}");
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -291,16 +302,23 @@ fn timed_once<E: BlockExecutor>(
     Ok((out, timing))
 }
 
-/// What [`timed_pair`] measured on one block.
+/// What [`timed_runs`] measured on one block.
 struct Pair {
     /// The sequential executor's output (of the last run).
     output: BlockOutput,
     seq: Timing,
     par: Timing,
-    /// Whether every parallel run's output equalled the sequential run's beside it.
+    /// The parallel executor forced onto one thread, when measured (see [`timed_runs`]).
+    one: Option<Timing>,
+    /// Whether every parallel run's output (the one-thread runs' included) equalled the
+    /// sequential run's beside it.
     equal: bool,
     /// Whether the parallel executor took its parallel path (not its small-block fallback).
     parallel_path: bool,
+    /// Whether, in every run, pool threads speculated some of the committed transactions
+    /// ([`overdrive_executor::CommitStats::multi_threaded`]): not a block the committer ran
+    /// alone.
+    multi_threaded: bool,
     /// The median split-reference measurement (by concurrent wall), when one was asked for.
     split: Option<SplitTiming>,
     /// The committing thread's median serial time over the runs that took the parallel path
@@ -311,62 +329,113 @@ struct Pair {
     pool_folded: bool,
 }
 
+/// Milliseconds to the microsecond, for the logs.
+fn ms(d: Duration) -> f64 {
+    round(d.as_secs_f64() * 1e3, 3)
+}
+
+/// `x` to `digits` decimals: the JSON report's figures, without float noise in the last
+/// places (`97.02098500000001`).
+fn round(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
+
 /// The median (by wall time) of `timings`.
 fn median(mut timings: Vec<Timing>) -> Timing {
     timings.sort_by_key(|t| t.wall);
     timings.get(timings.len() / 2).copied().unwrap_or_default()
 }
 
-/// Runs the sequential and the parallel executor on `block` `repeat` times each, alternating,
-/// and returns the output, median timings and whether every pair of outputs was equal (a
-/// difference in any run, not only the last, is a difference). Alternating puts a change in
-/// the machine's speed during the measurement (another tenant of a shared host) on both
-/// executors alike instead of on whichever ran at the time.
+/// One timed run of a [`ParallelExecutor`], its pool's freeing of the block's data included:
+/// that CPU time belongs to this run, and it must not overlap the next measured one.
+fn timed_parallel(
+    executor: &ParallelExecutor,
+    spec: &ChainSpec,
+    block: &RecoveredBlock,
+    state: &MemState,
+) -> eyre::Result<(BlockOutput, Option<overdrive_executor::CommitStats>, Timing)> {
+    let (cpu0, wall0) = (process_cpu_time(), Instant::now());
+    let (out, stats) = executor
+        .execute_with_stats(spec, block, state)
+        .wrap_err_with(|| format!("{} failed on block {}", executor.name(), block.number()))?;
+    let wall = wall0.elapsed();
+    executor.wait_for_freeing();
+    let timing = Timing {
+        wall,
+        cpu: process_cpu_time() - cpu0,
+    };
+    Ok((out, stats, timing))
+}
+
+/// Runs the sequential executor, the parallel executor and, when given, the parallel executor
+/// forced onto one thread (`one`) on `block`, `repeat` times each, and returns the output,
+/// median timings and whether every output was equal to the sequential one beside it (a
+/// difference in any run is a difference).
 ///
-/// The first sequential run sets the header's gas used before the parallel executor sees the
-/// block: the generated headers leave it at zero, a block a node validates carries it, and the
-/// parallel executor's small-block fallback reads it.
+/// The order rotates from one repeat to the next (sequential first, then parallel first, then
+/// the one-thread run first, ...), so that neither a change in the machine's speed during the
+/// measurement (another tenant of a shared host) nor what one run leaves in the caches and the
+/// allocator falls on one executor only. The first repeat runs the sequential executor first:
+/// it sets the header's gas used before the parallel executor sees the block (the generated
+/// headers leave it at zero, a block a node validates carries it, and the parallel executor's
+/// small-block fallback reads it).
 ///
-/// With a `split` reference, each repeat measures it after the pair, so that it sees the
-/// machine as the pair beside it did.
-fn timed_pair(
+/// With a `split` reference, each repeat measures it after the others, so that it sees the
+/// machine as they did.
+fn timed_runs(
     parallel: &ParallelExecutor,
+    one: Option<&ParallelExecutor>,
     spec: &ChainSpec,
     block: &mut RecoveredBlock,
     state: &MemState,
     repeat: usize,
     split: Option<&SplitReference>,
 ) -> eyre::Result<Pair> {
-    let (mut seq, mut par, mut splits) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut seq, mut par, mut ones, mut splits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut serial = Vec::new();
-    let (mut output, mut equal, mut parallel_path, mut pool_folded) = (None, true, true, true);
+    let (mut output, mut equal, mut parallel_path, mut multi_threaded, mut pool_folded) =
+        (None, true, true, true, true);
     // Each run starts from what the executor knew before the block: a repeat must not
     // schedule by what an earlier run of this very block taught it.
-    let learned = parallel.learned();
-    for _ in 0..repeat.max(1) {
-        parallel.restore_learned(learned.clone());
-        let (seq_out, s) = timed_once(&SequentialExecutor, spec, block, state)?;
-        block.header.gas_used = seq_out.gas_used;
-        let (cpu0, wall0) = (process_cpu_time(), Instant::now());
-        let (par_out, stats) = parallel
-            .execute_with_stats(spec, block, state)
-            .wrap_err_with(|| format!("parallel failed on block {}", block.number()))?;
-        let wall = wall0.elapsed();
-        // The block's data is freed on a pool thread once the output is returned: its CPU
-        // time belongs to this run, and it must not overlap the next measured one.
-        parallel.wait_for_freeing();
-        let p = Timing {
-            wall,
-            cpu: process_cpu_time() - cpu0,
-        };
-        seq.push(s);
-        par.push(p);
-        equal &= par_out == seq_out;
-        parallel_path &= stats.is_some();
-        pool_folded &= stats.is_some_and(|s| s.pool_folded);
-        serial.extend(stats.map(|s| Duration::from_nanos(s.serial_ns())));
-        output = Some(seq_out);
-        drop(par_out);
+    let learned = (parallel.learned(), one.map(ParallelExecutor::learned));
+    let runners = if one.is_some() { 3 } else { 2 };
+    for r in 0..repeat.max(1) {
+        parallel.restore_learned(learned.0.clone());
+        if let (Some(one), Some(learned)) = (one, &learned.1) {
+            one.restore_learned(learned.clone());
+        }
+        let mut outputs = Vec::new();
+        for k in 0..runners {
+            match (r + k) % runners {
+                0 => {
+                    let (out, s) = timed_once(&SequentialExecutor, spec, block, state)?;
+                    block.header.gas_used = out.gas_used;
+                    seq.push(s);
+                    output = Some(out);
+                }
+                1 => {
+                    let (out, stats, p) = timed_parallel(parallel, spec, block, state)?;
+                    par.push(p);
+                    parallel_path &= stats.is_some();
+                    multi_threaded &= stats.is_some_and(|s| s.multi_threaded());
+                    pool_folded &= stats.is_some_and(|s| s.pool_folded);
+                    serial.extend(stats.map(|s| Duration::from_nanos(s.serial_ns())));
+                    outputs.push(out);
+                }
+                _ => {
+                    let one = one.ok_or_else(|| eyre::eyre!("no one-thread executor"))?;
+                    let (out, _, o) = timed_parallel(one, spec, block, state)?;
+                    ones.push(o);
+                    outputs.push(out);
+                }
+            }
+        }
+        let reference = output
+            .as_ref()
+            .ok_or_else(|| eyre::eyre!("no sequential run"))?;
+        equal &= outputs.iter().all(|out| out == reference);
+        drop(outputs);
         if let Some(split) = split {
             splits.push(split.measure(spec, state)?);
         }
@@ -377,8 +446,10 @@ fn timed_pair(
         output: output.ok_or_else(|| eyre::eyre!("no run"))?,
         seq: median(seq),
         par: median(par),
+        one: (!ones.is_empty()).then(|| median(ones)),
         equal,
         parallel_path,
+        multi_threaded,
         split: splits.get(splits.len() / 2).copied(),
         committer_serial: serial.get(serial.len() / 2).copied().unwrap_or_default(),
         pool_folded,
@@ -428,7 +499,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     tracing::info!(elapsed = ?started.elapsed(), blocks = workload.blocks.len(), "workload generated");
 
     if args.heap.prefault_heap > 0 {
-        let (mib, elapsed) = overdrive_primitives::prefault_heap(args.heap.prefault_heap);
+        let (mib, elapsed) = overdrive_bench::prefault_heap(args.heap.prefault_heap);
         tracing::info!(mib, ?elapsed, "heap prefaulted");
     }
 
@@ -437,9 +508,23 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         threads: args.threads,
         min_txs_for_parallel: args.min_parallel_txs,
         min_gas_for_parallel: args.min_parallel_gas,
-        transition_folding: args.transition_folding.into(),
-        respeculate: !args.no_respeculate,
-        ..ParallelConfig::default()
+        scheduling: Scheduling {
+            transition_folding: args.transition_folding.into(),
+            respeculate: !args.no_respeculate,
+            ..Scheduling::default()
+        },
+    });
+    // `scaling`'s reference: the same executor, on the parallel path, on one thread.
+    let one = (args.threads > 1).then(|| {
+        let config = parallel.config().clone();
+        ParallelExecutor::new(ParallelConfig {
+            threads: 1,
+            scheduling: Scheduling {
+                force_parallel_path: true,
+                ..config.scheduling
+            },
+            ..config
+        })
     });
     let mut state = workload.genesis.clone();
     let Some(first) = workload.blocks.first() else {
@@ -447,24 +532,29 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     };
     let mut equal = true;
     // Warm-up runs teach the executor nothing: the first measured block is new to it.
-    let learned = parallel.learned();
-    for _ in 0..args.warmup {
-        let seq_out = SequentialExecutor.execute(spec, first, &state)?;
-        equal &= parallel.execute(spec, first, &state)? == seq_out;
-        parallel.wait_for_freeing();
+    for executor in std::iter::once(&parallel).chain(one.as_ref()) {
+        let learned = executor.learned();
+        for _ in 0..args.warmup {
+            let seq_out = SequentialExecutor.execute(spec, first, &state)?;
+            equal &= executor.execute(spec, first, &state)? == seq_out;
+            executor.wait_for_freeing();
+        }
+        executor.restore_learned(learned);
     }
-    parallel.restore_learned(learned);
     if !equal {
         tracing::error!("parallel output differs from sequential in a warm-up run");
     }
-    let (mut seq, mut par) = (Timing::default(), Timing::default());
-    let (mut txs, mut gas, mut parallel_blocks, mut reverted) = (0usize, 0u64, 0usize, 0usize);
+    let (mut seq, mut par, mut one_thread) = (Timing::default(), Timing::default(), None);
+    let (mut txs, mut gas, mut reverted) = (0usize, 0u64, 0usize);
+    // Blocks on the parallel path, and those of them whose transactions ran on more than one
+    // thread (the others the committer ran alone).
+    let (mut parallel_path_blocks, mut parallel_blocks) = (0usize, 0usize);
     if args.threads <= 1 {
         tracing::info!(
             "one thread: the parallel executor runs the sequential executor, no machinery"
         );
     }
-    let mut round_trips = overdrive_tasks::RoundTrips::default();
+    let mut round_trips = overdrive_bench::RoundTrips::default();
     let mut split_sum: Option<SplitTiming> = None;
     let mut committer_serial = Duration::ZERO;
     let mut pool_folded_blocks = 0;
@@ -482,15 +572,26 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         if let Some(split) = split.as_mut() {
             split.cut(block, &state);
         }
-        let pair = timed_pair(&parallel, spec, block, &state, args.repeat, split.as_ref())?;
+        let pair = timed_runs(
+            &parallel,
+            one.as_ref(),
+            spec,
+            block,
+            &state,
+            args.repeat,
+            split.as_ref(),
+        )?;
+        if let Some(o) = pair.one {
+            one_thread.get_or_insert_with(Timing::default).add(o);
+        }
         if let Some(c) = pair.split {
             let sum = split_sum.get_or_insert_with(SplitTiming::default);
             sum.serial += c.serial;
             sum.concurrent += c.concurrent;
             tracing::info!(
                 block = block.number(),
-                serial_ms = c.serial.as_secs_f64() * 1e3,
-                concurrent_ms = c.concurrent.as_secs_f64() * 1e3,
+                serial_ms = ms(c.serial),
+                concurrent_ms = ms(c.concurrent),
                 "split reference"
             );
         }
@@ -498,7 +599,15 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         committer_serial += pair.committer_serial;
         pool_folded_blocks += usize::from(pair.pool_folded);
         if pair.parallel_path {
-            parallel_blocks += 1;
+            parallel_path_blocks += 1;
+            if pair.multi_threaded {
+                parallel_blocks += 1;
+            } else {
+                tracing::info!(
+                    block = block.number(),
+                    "the committer ran the block alone (no pool thread's result committed)"
+                );
+            }
         } else if args.threads > 1 {
             tracing::warn!(
                 block = block.number(),
@@ -523,8 +632,9 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         gas += out.gas_used;
         tracing::info!(
             block = block.number(),
-            sequential_ms = t.wall.as_secs_f64() * 1e3,
-            parallel_ms = p.wall.as_secs_f64() * 1e3,
+            sequential_ms = ms(t.wall),
+            parallel_ms = ms(p.wall),
+            one_thread_ms = pair.one.map(|o| ms(o.wall)),
             core_round_trip_ns = round_trip.map(|t| t.as_nanos() as u64),
             "executed"
         );
@@ -539,12 +649,12 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
                 invalid = stats.invalid,
                 respeculated = stats.respeculated,
                 helped = stats.helped,
-                commit_ms = stats.commit_ns as f64 / 1e6,
-                exact_ms = stats.exact_ns as f64 / 1e6,
-                help_ms = stats.help_ns as f64 / 1e6,
-                wait_ms = stats.wait_ns as f64 / 1e6,
-                start_ms = stats.start_ns as f64 / 1e6,
-                finish_ms = stats.finish_ns as f64 / 1e6,
+                commit_ms = ms(Duration::from_nanos(stats.commit_ns)),
+                exact_ms = ms(Duration::from_nanos(stats.exact_ns)),
+                help_ms = ms(Duration::from_nanos(stats.help_ns)),
+                wait_ms = ms(Duration::from_nanos(stats.wait_ns)),
+                start_ms = ms(Duration::from_nanos(stats.start_ns)),
+                finish_ms = ms(Duration::from_nanos(stats.finish_ns)),
                 "committer"
             );
         }
@@ -556,7 +666,12 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         "{:>12} {:>12} {:>10} {:>10} {:>10}",
         "executor", "tx/s", "MGas/s", "ms/block", "cpu ms"
     );
-    for (name, t) in [("sequential", seq), ("parallel", par)] {
+    let rows = [
+        ("sequential", Some(seq)),
+        ("parallel", Some(par)),
+        ("1 thread", one_thread),
+    ];
+    for (name, t) in rows.into_iter().filter_map(|(n, t)| t.map(|t| (n, t))) {
         let secs = t.wall.as_secs_f64();
         println!(
             "{:>12} {:>12.0} {:>10.1} {:>10.2} {:>10.1}",
@@ -569,12 +684,25 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     }
     let speedup = seq.wall.as_secs_f64() / par.wall.as_secs_f64();
     let cpu_ratio = par.cpu.as_secs_f64() / seq.cpu.as_secs_f64();
+    let scaling = one_thread.map(|o| o.wall.as_secs_f64() / par.wall.as_secs_f64());
     println!(
-        "speedup {speedup:.2}x, cpu ratio {cpu_ratio:.2}, threads {}, outputs {}, \
-         {parallel_blocks} of {} blocks on the parallel path",
+        "speedup {speedup:.2}x over reth's executor (alloy-evm EthBlockExecutor), cpu ratio \
+         {cpu_ratio:.2}, threads {}, outputs {}",
         args.threads,
         if equal { "equal" } else { "DIFFER" },
-        workload.blocks.len()
+    );
+    if let Some(scaling) = scaling {
+        println!(
+            "scaling {scaling:.2}x over the same executor on one thread (its parallel path, \
+             the committer alone)"
+        );
+    }
+    println!(
+        "{parallel_blocks} of {} blocks ran on more than one thread; {} on the parallel path \
+         by the committer alone; {} below the parallel thresholds",
+        workload.blocks.len(),
+        parallel_path_blocks - parallel_blocks,
+        workload.blocks.len() - parallel_path_blocks,
     );
     if let Some(summary) = round_trips.summary() {
         println!("{summary}");
@@ -589,8 +717,9 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         );
     }
     // Only where every block's serial time was measured: a sequential block has none.
-    let committer_bound = (parallel_blocks == workload.blocks.len() && !committer_serial.is_zero())
-        .then(|| seq.wall.as_secs_f64() / committer_serial.as_secs_f64());
+    let committer_bound = (parallel_path_blocks == workload.blocks.len()
+        && !committer_serial.is_zero())
+    .then(|| seq.wall.as_secs_f64() / committer_serial.as_secs_f64());
     if let Some(bound) = committer_bound {
         println!(
             "committer bound {bound:.2}x (sequential time over the committing thread's serial \
@@ -598,10 +727,10 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
             committer_serial.as_secs_f64() * 1e3 / blocks,
         );
     }
-    if parallel_blocks > 0 {
+    if parallel_path_blocks > 0 {
         println!(
-            "state transitions folded on the pool in {pool_folded_blocks} of {parallel_blocks} \
-             parallel blocks (--transition-folding {})",
+            "state transitions folded on the pool in {pool_folded_blocks} of \
+             {parallel_path_blocks} blocks on the parallel path (--transition-folding {})",
             match args.transition_folding {
                 FoldingArg::Auto => "auto",
                 FoldingArg::Committer => "committer",
@@ -611,7 +740,7 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
     }
     let (invalid_per_block, respeculated_per_block) =
         (invalid as f64 / blocks, respeculated as f64 / blocks);
-    if parallel_blocks > 0 {
+    if parallel_path_blocks > 0 {
         println!(
             "per block: {invalid_per_block:.1} speculative results failed validation, \
              {respeculated_per_block:.1} found stale and executed again by the pool{}",
@@ -629,18 +758,20 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         txs: config.txs_per_block,
         threads: args.threads,
         gas_per_block: (gas as f64 / blocks) as u64,
-        sequential_tx_per_s: txs as f64 / seq.wall.as_secs_f64(),
-        parallel_tx_per_s: Some(txs as f64 / par.wall.as_secs_f64()),
-        speedup: Some(speedup),
-        cpu_ratio: Some(cpu_ratio),
+        sequential_tx_per_s: round(txs as f64 / seq.wall.as_secs_f64(), 0),
+        parallel_tx_per_s: Some(round(txs as f64 / par.wall.as_secs_f64(), 0)),
+        speedup: Some(round(speedup, 3)),
+        scaling: scaling.map(|s| round(s, 3)),
+        cpu_ratio: Some(round(cpu_ratio, 3)),
         equal: Some(equal),
         parallel_blocks,
+        committer_alone_blocks: parallel_path_blocks - parallel_blocks,
         reverted,
-        split_speedup,
-        committer_bound,
+        split_speedup: split_speedup.map(|s| round(s, 3)),
+        committer_bound: committer_bound.map(|b| round(b, 3)),
         pool_folded_blocks,
-        invalid_per_block,
-        respeculated_per_block,
+        invalid_per_block: round(invalid_per_block, 2),
+        respeculated_per_block: round(respeculated_per_block, 2),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

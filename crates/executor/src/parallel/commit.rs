@@ -84,7 +84,7 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     /// Storage maps still to size up front (see [`Presize`]); `None` until the hints are read.
     pub presize: Option<Vec<Presize>>,
     /// Never execute a pending transaction exactly ahead of speculation (see
-    /// [`crate::ParallelConfig::speculate_all`]).
+    /// [`crate::Scheduling::speculate_all`]).
     pub speculate_all: bool,
     /// Where the committed transitions go to be folded by the pool (see `transitions.rs`);
     /// `None` when `revm::State` folds them, from the start or since the block went
@@ -156,7 +156,7 @@ pub struct CommitStats {
     /// `revm::State` after a switch to sequential).
     pub pool_folded: bool,
     /// Speculative results a pool thread found stale and executed again before the committer
-    /// took them (see [`crate::ParallelConfig::respeculate`]).
+    /// took them (see [`crate::Scheduling::respeculate`]).
     pub respeculated: usize,
 }
 
@@ -170,6 +170,15 @@ impl CommitStats {
     /// exactly because it was ahead of the workers: with more threads those go to workers.
     pub fn serial_ns(&self) -> u64 {
         self.start_ns + self.commit_ns + self.exact_ns + self.finish_ns
+    }
+
+    /// Whether the block's transactions ran on more than one thread: some committed results
+    /// were speculated by pool threads, known when the validated results outnumber those the
+    /// committer speculated itself. False for a block the committer ran alone (a chain left
+    /// to it, one thread on the forced parallel path, workers that never got ahead); a block
+    /// with a few pool results, all fewer than the committer's own, is counted so too.
+    pub fn multi_threaded(&self) -> bool {
+        self.validated > self.helped
     }
 }
 
@@ -379,7 +388,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
         self.presize_storage();
         // The result is used where it lies in the worker's allocation, never moved out:
         // moving it copied all of it (≈ 400 bytes, the logs' bloom included), and each of its
-        // cache lines comes from the worker's core (see `overdrive_tasks::core_round_trip`).
+        // cache lines comes from the worker's core (see `overdrive_bench::core_round_trip`).
         let Some(exec) = outcome.exec.as_mut() else {
             let result = self.commit_exact(k, &outcome.written);
             self.recycle(outcome);

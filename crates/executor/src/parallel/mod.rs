@@ -97,6 +97,17 @@ pub struct ParallelConfig {
     pub min_txs_for_parallel: usize,
     /// Blocks whose [`block_gas_estimate`] is lower run on the sequential path.
     pub min_gas_for_parallel: u64,
+    /// How blocks are scheduled on the threads. Its default is what a node runs; the other
+    /// settings exist so that the differential tests can force each path and the benchmarks
+    /// can compare strategies.
+    pub scheduling: Scheduling,
+}
+
+/// The scheduling strategies of a [`ParallelExecutor`] that can be switched off. None changes
+/// a block's output; each is on by default (except [`Scheduling::speculate_all`], a test
+/// mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduling {
     /// Defer the coinbase fee to commit (every transaction pays it, so eager payment makes
     /// every transaction conflict with every other).
     pub lazy_coinbase: bool,
@@ -127,6 +138,12 @@ pub struct ParallelConfig {
     /// re-runs pay in the block (see `RERUNS_FREE`). Otherwise the committer re-executes every
     /// stale result itself, in order.
     pub respeculate: bool,
+    /// Run every block with transactions on the parallel path, whatever its size, and with
+    /// one thread too: then the committer executes every transaction itself, in order, with
+    /// no worker to speculate. Off in a node (a small block is faster on the sequential path);
+    /// the benchmarks use it to tell the path's scaling over threads apart from what it gains
+    /// on one.
+    pub force_parallel_path: bool,
 }
 
 /// Which thread folds the committed transactions' state changes into the block's transitions
@@ -170,6 +187,14 @@ impl Default for ParallelConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             min_txs_for_parallel: DEFAULT_MIN_TXS_FOR_PARALLEL,
             min_gas_for_parallel: DEFAULT_MIN_GAS_FOR_PARALLEL,
+            scheduling: Scheduling::default(),
+        }
+    }
+}
+
+impl Default for Scheduling {
+    fn default() -> Self {
+        Self {
             lazy_coinbase: true,
             lazy_recipients: true,
             chain_fallback: true,
@@ -177,6 +202,7 @@ impl Default for ParallelConfig {
             speculate_all: false,
             transition_folding: TransitionFolding::Auto,
             respeculate: true,
+            force_parallel_path: false,
         }
     }
 }
@@ -238,12 +264,14 @@ impl Drop for Freeing {
 impl ParallelExecutor {
     /// An executor with its worker pool started.
     pub fn new(config: ParallelConfig) -> Self {
-        let pool = (config.threads > 1)
+        // One thread on the forced parallel path still takes a pool thread: it frees the
+        // block's data after the return, as on more threads.
+        let pool = (config.threads > 1 || config.scheduling.force_parallel_path)
             .then(|| {
                 // Unpinned: the committer is the calling thread and works while the pool
                 // thread does, so a block never waits on a second wake-up (pinning the two
                 // was measured: no change; BENCHMARKS.md, the trie's eighth round).
-                worker_pool("overdrive-exec", config.threads - 1, Pinning::Off)
+                worker_pool("overdrive-exec", config.threads.max(2) - 1, Pinning::Off)
                     .inspect_err(|e| tracing::warn!(%e, "parallel executor runs sequentially"))
                     .ok()
             })
@@ -335,6 +363,9 @@ impl ParallelExecutor {
 
     /// Whether `block` is large enough for the parallel path to pay for its set-up.
     fn worth_parallel(&self, block: &RecoveredBlock) -> bool {
+        if self.config.scheduling.force_parallel_path {
+            return !block.transactions.is_empty();
+        }
         block.transactions.len() >= self.config.min_txs_for_parallel.max(1)
             && block_gas_estimate(block) >= self.config.min_gas_for_parallel
     }
@@ -355,10 +386,11 @@ impl ParallelExecutor {
         let lazy_ok = env.cfg_env.spec.is_enabled_in(SpecId::SPURIOUS_DRAGON);
         let mut hint_job = Some(HintJob {
             coinbase,
-            lazy_recipients: self.config.lazy_recipients && lazy_ok,
-            chain_fallback: self.config.chain_fallback,
+            lazy_recipients: self.config.scheduling.lazy_recipients && lazy_ok,
+            chain_fallback: self.config.scheduling.chain_fallback,
             learned: self
                 .config
+                .scheduling
                 .learn_conflicts
                 .then(|| lock(&self.learned).keys().copied().collect()),
         });
@@ -371,7 +403,7 @@ impl ParallelExecutor {
             .as_ref()
             .map(|t| t.transitions.hasher().clone())
             .unwrap_or_default();
-        let fold_on_pool = match self.config.transition_folding {
+        let fold_on_pool = match self.config.scheduling.transition_folding {
             TransitionFolding::Auto => self.fold_on_pool.load(Ordering::Relaxed),
             TransitionFolding::Committer => false,
             TransitionFolding::Pool => true,
@@ -398,10 +430,14 @@ impl ParallelExecutor {
             mv: &mv,
             new_code: &new_code,
             coinbase,
-            lazy_coinbase: self.config.lazy_coinbase && lazy_ok,
+            lazy_coinbase: self.config.scheduling.lazy_coinbase && lazy_ok,
         };
-        let sched = Scheduler::new(n, std::thread::current(), self.config.respeculate);
-        let workers = self.config.threads - 1;
+        let sched = Scheduler::new(
+            n,
+            std::thread::current(),
+            self.config.scheduling.respeculate,
+        );
+        let workers = self.config.threads.saturating_sub(1);
 
         let mut stats = None;
         // Whether the committed transitions were still queued at the block's end (not handed
@@ -451,7 +487,8 @@ impl ParallelExecutor {
                     recycler: &recycler,
                     spent: Vec::new(),
                     presize: None,
-                    speculate_all: self.config.speculate_all,
+                    // With no worker, nothing else would ever execute a transaction.
+                    speculate_all: self.config.scheduling.speculate_all && workers > 0,
                     transitions: fold_on_pool.then(|| transitions.writer()),
                 };
                 let result = committer.run();
@@ -473,7 +510,7 @@ impl ParallelExecutor {
         if let Some(message) = sched.panic_message() {
             return Err(ExecutionError::WorkerPanic(message));
         }
-        if self.config.learn_conflicts {
+        if self.config.scheduling.learn_conflicts {
             self.learn(sched.hints());
         }
         if let Some(per_mille) = (mv.locations() * 1_000).checked_div(n) {

@@ -96,7 +96,7 @@ pub(crate) enum Read {
 /// One of two, never both: a read of the pre-state is kept whole, and what it observed is
 /// derived from it. Keeping both took a read to 200 bytes; every read list goes from the
 /// worker's core to the committer's, a cache line at a time (see
-/// `overdrive_tasks::core_round_trip`).
+/// `overdrive_bench::core_round_trip`).
 #[derive(Debug, Clone)]
 pub(crate) enum Seen {
     /// What the pre-state reader returned, when nothing in the block had written the account

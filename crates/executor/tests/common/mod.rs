@@ -21,8 +21,8 @@ use alloy_eips::{
 use alloy_genesis::{ChainConfig, Genesis};
 use alloy_primitives::{Address, B256, Bytes, Signature, TxKind, U256, keccak256, map::HashMap};
 use overdrive_executor::{
-    BlockExecutor, ExecutionError, ParallelConfig, ParallelExecutor, SequentialExecutor,
-    TransitionFolding,
+    BlockExecutor, ExecutionError, ParallelConfig, ParallelExecutor, Scheduling,
+    SequentialExecutor, TransitionFolding,
 };
 use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
 use rand::{Rng, SeedableRng, rngs::SmallRng, seq::IndexedRandom};
@@ -1216,25 +1216,31 @@ pub fn test_config(threads: usize) -> ParallelConfig {
         threads,
         min_txs_for_parallel: 0,
         min_gas_for_parallel: 0,
-        chain_fallback: !matches!(threads, 3 | 4),
-        speculate_all: threads == 4,
-        transition_folding: if matches!(threads, 3 | 4) {
-            TransitionFolding::Pool
-        } else {
-            TransitionFolding::Auto
+        scheduling: Scheduling {
+            chain_fallback: !matches!(threads, 3 | 4),
+            speculate_all: threads == 4,
+            transition_folding: if matches!(threads, 3 | 4) {
+                TransitionFolding::Pool
+            } else {
+                TransitionFolding::Auto
+            },
+            ..Scheduling::default()
         },
-        ..Default::default()
     }
 }
 
 /// [`parallel`] with every optional shortcut off: the coinbase fee and transfers to hot
 /// recipients paid eagerly, and no contract's calls ordered for having conflicted.
 pub fn parallel_eager(threads: usize) -> ParallelExecutor {
+    let config = test_config(threads);
     ParallelExecutor::new(ParallelConfig {
-        lazy_coinbase: false,
-        lazy_recipients: false,
-        learn_conflicts: false,
-        ..test_config(threads)
+        scheduling: Scheduling {
+            lazy_coinbase: false,
+            lazy_recipients: false,
+            learn_conflicts: false,
+            ..config.scheduling
+        },
+        ..config
     })
 }
 

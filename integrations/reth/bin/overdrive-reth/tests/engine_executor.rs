@@ -15,7 +15,7 @@ mod common;
 
 use alloy_consensus::BlockHeader;
 use alloy_primitives::B256;
-use overdrive_executor::ParallelConfig;
+use overdrive_executor::{ParallelConfig, Scheduling};
 use overdrive_reth_components::{
     BlockLog, ExecutedBy, FactoryOpener, OverdriveEvmConfig, ParallelBlocks,
 };
@@ -51,8 +51,10 @@ fn configs(
         threads,
         min_txs_for_parallel: 1,
         min_gas_for_parallel: 0,
-        speculate_all: true,
-        ..ParallelConfig::default()
+        scheduling: Scheduling {
+            speculate_all: true,
+            ..Scheduling::default()
+        },
     };
     let parallel = ParallelBlocks::with_config(
         spec,

@@ -11,12 +11,9 @@
 //! reach it only by losing nothing to the split.
 
 use super::{TrieBenchConfig, World, shortfall};
-use crate::{
-    error::TrieError,
-    state::HashedPostState,
-    state_trie::{StateTrie, TrieConfig},
-};
+use crate::BenchError;
 use overdrive_tasks::{Pinning, worker_pool};
+use overdrive_trie::{HashedPostState, StateTrie, TrieConfig};
 use rand::{SeedableRng, rngs::SmallRng};
 use std::{
     sync::Arc,
@@ -38,12 +35,12 @@ pub(super) struct CoRun {
 
 impl CoRun {
     /// `cfg.threads` copies of `source`'s state, each trie on its own core.
-    pub(super) fn new(source: &StateTrie, cfg: &TrieBenchConfig) -> Result<Self, TrieError> {
+    pub(super) fn new(source: &StateTrie, cfg: &TrieBenchConfig) -> Result<Self, BenchError> {
         let bytes_each = source.store().heap_bytes();
-        let available_mib = overdrive_primitives::available_mib();
+        let available_mib = crate::available_mib();
         if let Some((needed_mib, available_mib)) = shortfall(cfg.threads, bytes_each, available_mib)
         {
-            return Err(TrieError::InvalidConfig(format!(
+            return Err(BenchError::InvalidConfig(format!(
                 "the co-run reference needs about {needed_mib} MiB for {} copies of the state \
                  and {available_mib} MiB are available: use fewer --threads or --accounts",
                 cfg.threads
@@ -70,9 +67,9 @@ impl CoRun {
                 let pool = worker_pool("overdrive-trie-co-run", 1, pinning)?;
                 StateTrie::with_pool(source.store().detached(), config, Arc::new(pool))
             })
-            .collect::<Result<Vec<_>, TrieError>>()?;
+            .collect::<Result<Vec<_>, overdrive_trie::TrieError>>()?;
         tracing::info!(
-            available_mib = overdrive_primitives::available_mib(),
+            available_mib = crate::available_mib(),
             "co-run reference: state copied"
         );
         Ok(Self {
@@ -91,7 +88,7 @@ impl CoRun {
         world: &mut World,
         transfers: usize,
         measured: bool,
-    ) -> Result<(), TrieError> {
+    ) -> Result<(), BenchError> {
         let serial_block = world.block(transfers, &mut self.rng).diff;
         let concurrent_block = world.block(transfers, &mut self.rng).diff;
         let (one_by_one, at_once) = if self.rounds.is_multiple_of(2) {
@@ -104,7 +101,7 @@ impl CoRun {
         self.rounds += 1;
         // Every copy applied the same blocks from the same state.
         if self.tries.windows(2).any(|w| w[0].root() != w[1].root()) {
-            return Err(TrieError::Invariant(
+            return Err(BenchError::Invariant(
                 "co-run reference: the copies' roots differ",
             ));
         }
@@ -128,7 +125,7 @@ impl CoRun {
 }
 
 /// Each trie applies `block`, one after another.
-fn one_by_one(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration, TrieError> {
+fn one_by_one(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration, BenchError> {
     let start = Instant::now();
     for trie in tries {
         trie.apply(block)?;
@@ -137,7 +134,7 @@ fn one_by_one(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Durati
 }
 
 /// Each trie applies `block`, all at once, each from its own thread.
-fn at_once(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration, TrieError> {
+fn at_once(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration, BenchError> {
     let start = Instant::now();
     std::thread::scope(|scope| {
         // The calling thread takes the first trie: one spawn fewer in the timed span.
@@ -154,7 +151,7 @@ fn at_once(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration,
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
         }
-        Ok::<_, TrieError>(())
+        Ok::<_, BenchError>(())
     })?;
     Ok(start.elapsed())
 }
@@ -162,14 +159,17 @@ fn at_once(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::TrieId;
+    use overdrive_trie::TrieId;
 
     #[test]
     fn copies_apply_the_same_blocks_apart_from_their_source() {
         let mut rng = SmallRng::seed_from_u64(5);
         let mut world = World::new(2_000, &mut rng);
-        let mut source =
-            StateTrie::new(crate::MemNodeStore::new(), TrieConfig::with_threads(1)).unwrap();
+        let mut source = StateTrie::new(
+            overdrive_trie::MemNodeStore::new(),
+            TrieConfig::with_threads(1),
+        )
+        .unwrap();
         for chunk in world.genesis(usize::MAX) {
             source.apply(&chunk).unwrap();
         }

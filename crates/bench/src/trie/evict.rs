@@ -8,7 +8,7 @@
 //! every core before each timed phase starts (c) and (d) alike: nothing of the trie cached,
 //! everything in memory.
 
-use crate::error::TrieError;
+use crate::BenchError;
 use overdrive_tasks::{Pinning, worker_pool};
 use std::cell::RefCell;
 
@@ -36,11 +36,11 @@ pub(super) struct Evictor {
 impl Evictor {
     /// One thread per core this process may run on, pinned there when `pin`, each writing
     /// twice its share of every cache it sits behind (see [`bytes_per_core`]).
-    pub(super) fn new(pin: bool) -> Result<Self, TrieError> {
+    pub(super) fn new(pin: bool) -> Result<Self, BenchError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pinning = if pin { Pinning::Cores } else { Pinning::Off };
         let pool = worker_pool("overdrive-evict", cores, pinning)
-            .map_err(|e| TrieError::InvalidConfig(format!("cache eviction threads: {e}")))?;
+            .map_err(|e| BenchError::InvalidConfig(format!("cache eviction threads: {e}")))?;
         let bytes = bytes_per_core(&caches()).clamp(LINE, MAX_BYTES);
         Ok(Self { pool, bytes })
     }

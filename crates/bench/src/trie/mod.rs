@@ -27,18 +27,15 @@ mod co_run;
 mod evict;
 mod reth_style;
 
-use crate::{
-    error::TrieError,
-    state::{HashedAccount, HashedPostState, HashedStorage},
-    state_trie::{StateTrie, TrieConfig},
-    store::MemNodeStore,
-};
+use crate::{BenchError, RoundTrips};
 use alloy_primitives::{Address, B256, U256, keccak256, map::B256Map};
 use alloy_rlp::Encodable;
 use alloy_trie::{EMPTY_ROOT_HASH, HashBuilder, KECCAK_EMPTY, Nibbles, TrieAccount};
 use co_run::CoRun;
 use evict::Evictor;
-use overdrive_tasks::RoundTrips;
+use overdrive_trie::{
+    HashedAccount, HashedPostState, HashedStorage, MemNodeStore, StateTrie, TrieConfig,
+};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use reth_style::StoredBranches;
 use serde::Serialize;
@@ -60,7 +57,7 @@ pub struct TrieBenchConfig {
     /// Pin the tries' workers to cores ([`TrieConfig::pin_workers`]).
     pub pin_workers: bool,
     /// MiB of heap to touch and free after the set-up, before the first block
-    /// ([`overdrive_primitives::prefault_heap`]); 0 measures on the heap the set-up left.
+    /// ([`crate::prefault_heap`]); 0 measures on the heap the set-up left.
     pub prefault_heap_mib: usize,
     /// After each block, measure a round of the co-run reference (the `co_run` module).
     pub co_run_reference: bool,
@@ -143,7 +140,7 @@ pub struct TrieBenchReport {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub evicted_caches: bool,
     /// The core-to-core round trip before each measured block
-    /// ([`overdrive_tasks::core_round_trip`]): the state of the machine the (d) figure was
+    /// ([`crate::core_round_trip`]): the state of the machine the (d) figure was
     /// taken in.
     #[serde(skip)]
     pub core_round_trips: RoundTrips,
@@ -484,11 +481,11 @@ fn hand_over(
     to: &mut StateTrie,
     block: &Block,
     pre_root: B256,
-) -> Result<(), TrieError> {
+) -> Result<(), BenchError> {
     to.replace_store(from.replace_store(MemNodeStore::new())?)?;
     to.apply(&block.undo)?;
     if to.root() != pre_root {
-        return Err(TrieError::Invariant(
+        return Err(BenchError::Invariant(
             "a block's undo did not take the shared store back to the block's pre-state",
         ));
     }
@@ -504,14 +501,14 @@ pub const MAX_ACCOUNTS: usize = 100_000_000;
 pub const MAX_TRANSFERS: usize = 10_000_000;
 
 /// Runs the benchmark.
-pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
+pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, BenchError> {
     if cfg.accounts < 2 || cfg.blocks == 0 || cfg.threads == 0 || cfg.transfers == 0 {
-        return Err(TrieError::InvalidConfig(format!(
+        return Err(BenchError::InvalidConfig(format!(
             "need accounts >= 2 and blocks, threads, transfers >= 1 (got {cfg:?})"
         )));
     }
     if cfg.accounts > MAX_ACCOUNTS || cfg.transfers > MAX_TRANSFERS {
-        return Err(TrieError::InvalidConfig(format!(
+        return Err(BenchError::InvalidConfig(format!(
             "need accounts <= {MAX_ACCOUNTS} and transfers <= {MAX_TRANSFERS} (got {} and {})",
             cfg.accounts, cfg.transfers
         )));
@@ -519,7 +516,7 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     if cfg.one_store && cfg.co_run_reference {
         // The reference's blocks change the generated world without touching the measured
         // tries, so a block's previous values in the world are not the shared store's.
-        return Err(TrieError::InvalidConfig(
+        return Err(BenchError::InvalidConfig(
             "one_store and co_run_reference cannot be combined".into(),
         ));
     }
@@ -538,13 +535,13 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     let mut serial = StateTrie::new(MemNodeStore::new(), config(1))?;
     let mut parallel = StateTrie::new(MemNodeStore::new(), config(cfg.threads))?;
     // Applies the genesis state in pieces and logs how far the set-up got.
-    let build = |trie: &mut StateTrie<MemNodeStore>, done: &str| -> Result<(), TrieError> {
+    let build = |trie: &mut StateTrie<MemNodeStore>, done: &str| -> Result<(), BenchError> {
         for chunk in world.genesis(GENESIS_CHUNK) {
             trie.apply(&chunk)?;
         }
         tracing::info!(
             elapsed = ?setup.elapsed(),
-            resident_mib = overdrive_primitives::resident_mib(),
+            resident_mib = crate::resident_mib(),
             "{done}"
         );
         Ok(())
@@ -553,10 +550,8 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     build(&mut parallel, "genesis trie built")?;
     if !cfg.one_store {
         let bytes = parallel.store().heap_bytes();
-        if let Some((needed_mib, available_mib)) =
-            shortfall(1, bytes, overdrive_primitives::available_mib())
-        {
-            return Err(TrieError::InvalidConfig(format!(
+        if let Some((needed_mib, available_mib)) = shortfall(1, bytes, crate::available_mib()) {
+            return Err(BenchError::InvalidConfig(format!(
                 "the one-thread trie's own copy of the state needs about {needed_mib} MiB and \
                  {available_mib} MiB are available: use --one-store (or fewer --accounts)"
             )));
@@ -591,11 +586,11 @@ pub fn run(cfg: &TrieBenchConfig) -> Result<TrieBenchReport, TrieError> {
     } else {
         None
     };
-    overdrive_primitives::prefault_heap(cfg.prefault_heap_mib);
+    crate::prefault_heap(cfg.prefault_heap_mib);
     let setup_s = setup.elapsed().as_secs_f64();
     tracing::info!(
         elapsed = ?setup.elapsed(),
-        resident_mib = overdrive_primitives::resident_mib(),
+        resident_mib = crate::resident_mib(),
         "reference tries built, measuring"
     );
 
@@ -781,7 +776,7 @@ mod tests {
         // pinned, and a loaded machine may miss one), and the line that reports them.
         let trips = &report.core_round_trips;
         assert!(trips.len() <= cfg.blocks);
-        if overdrive_tasks::core_round_trip(10).is_some() {
+        if crate::core_round_trip(10).is_some() {
             assert!(!trips.is_empty());
         }
         assert_eq!(
@@ -865,14 +860,17 @@ mod tests {
         assert_eq!(world.genesis(700).count(), 3);
         assert_eq!(whole.root(), pieces.root());
         assert_eq!(whole.store().len(), pieces.store().len());
-        let token = crate::TrieId::Storage(world.token);
+        let token = overdrive_trie::TrieId::Storage(world.token);
         assert_eq!(whole.store().nodes(token), pieces.store().nodes(token));
 
         let block = world.block(400, &mut SmallRng::seed_from_u64(9));
-        let before = pieces.store().nodes(crate::TrieId::Account);
+        let before = pieces.store().nodes(overdrive_trie::TrieId::Account);
         assert_ne!(pieces.apply(&block.diff).unwrap().root, whole.root());
         assert_eq!(pieces.apply(&block.undo).unwrap().root, whole.root());
-        assert_eq!(pieces.store().nodes(crate::TrieId::Account), before);
+        assert_eq!(
+            pieces.store().nodes(overdrive_trie::TrieId::Account),
+            before
+        );
         assert_eq!(pieces.store().nodes(token), whole.store().nodes(token));
     }
 
@@ -913,7 +911,7 @@ mod tests {
             },
         ] {
             assert!(
-                matches!(run(&cfg), Err(TrieError::InvalidConfig(_))),
+                matches!(run(&cfg), Err(BenchError::InvalidConfig(_))),
                 "{cfg:?}"
             );
         }

@@ -160,8 +160,8 @@ impl<V, F: FnMut(&B256, &V, &mut Vec<u8>)> Walk<'_, V, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reference;
     use alloy_primitives::{U256, keccak256};
+    use overdrive_trie::reference;
     use proptest::prelude::*;
 
     fn encode(_: &B256, v: &U256, out: &mut Vec<u8>) {
@@ -169,7 +169,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(64), ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
         /// The baseline must be right for its timing to mean anything.
         #[test]
