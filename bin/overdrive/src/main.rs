@@ -49,7 +49,19 @@ fn artifacts_dir() -> std::path::PathBuf {
         .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../build-artifacts").into())
 }
 
-fn main() -> eyre::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // The cause chain on one line (`{:#}`), without the source locations eyre's debug
+            // form adds: those are for whoever debugs overdrive, not for its user.
+            eprintln!("Error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> eyre::Result<()> {
     allocator::tune();
     let cli = Cli::parse();
     tracing_subscriber::fmt()

@@ -698,9 +698,9 @@ fn exec(args: ExecArgs) -> eyre::Result<()> {
         );
     }
     println!(
-        "{parallel_blocks} of {} blocks ran on more than one thread; {} on the parallel path \
-         by the committer alone; {} below the parallel thresholds",
-        workload.blocks.len(),
+        "{parallel_blocks} of {} ran on more than one thread; {} on the parallel path by the \
+         committer alone; {} below the parallel thresholds",
+        super::count(workload.blocks.len(), "block"),
         parallel_path_blocks - parallel_blocks,
         workload.blocks.len() - parallel_path_blocks,
     );

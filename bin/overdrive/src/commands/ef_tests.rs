@@ -1,3 +1,4 @@
+use super::count;
 use clap::{Args, ValueEnum};
 use eyre::bail;
 use overdrive_ef_tests::{ExecutorChoice, Outcome, RunOptions, StateRootChoice, run_paths};
@@ -62,6 +63,12 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
         },
         trie_threads: args.trie_threads,
     };
+    // A mistyped path is an error before anything runs, not a failed test.
+    for path in &args.paths {
+        if !path.exists() {
+            bail!("no fixture file or directory at {}", path.display());
+        }
+    }
     let started = Instant::now();
     let summary = run_paths(&args.paths, options)?;
     for r in &summary.results {
@@ -83,7 +90,7 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
         }
     }
     for (reason, tests) in summary.skipped_by_reason() {
-        println!("skipped {} tests: {reason}", tests.len());
+        println!("skipped {}: {reason}", count(tests.len(), "test"));
         for r in tests {
             println!("  SKIP {} :: {}", r.file.display(), r.name);
         }
@@ -94,16 +101,19 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
     if matches!(args.executor, ExecutorArg::Parallel) {
         let executed = summary.executed();
         println!(
-            "parallel executor: {} blocks on the parallel path, {} transactions committed from \
-             speculation, {} executed exactly by the committer (after a failed validation), {} \
-             blocks' state transitions folded on the pool",
-            executed.parallel_blocks, executed.speculated, executed.exact, executed.pool_folded
+            "parallel executor: {} on the parallel path, {} committed from speculation, {} \
+             executed exactly by the committer (after a failed validation), state transitions \
+             folded on the pool in {}",
+            count(executed.parallel_blocks, "block"),
+            count(executed.speculated, "transaction"),
+            executed.exact,
+            count(executed.pool_folded, "block"),
         );
     }
     let (passed, failed, skipped) = summary.counts();
     eprintln!(
-        "ran {} tests in {:.1}s",
-        summary.results.len(),
+        "ran {} in {:.1}s",
+        count(summary.results.len(), "test"),
         started.elapsed().as_secs_f64()
     );
     println!("{passed} passed, {failed} failed, {skipped} skipped");
@@ -116,7 +126,10 @@ pub fn run(args: EfTestsArgs) -> eyre::Result<()> {
     if let Some(max) = args.max_skipped
         && skipped > max
     {
-        bail!("{skipped} tests skipped, more than the {max} allowed (--max-skipped)");
+        bail!(
+            "{} skipped, more than the {max} allowed (--max-skipped)",
+            count(skipped, "test")
+        );
     }
     // A parallel run whose blocks all fell back to sequential (a pool that failed to start)
     // would pass without testing the parallel executor.

@@ -28,9 +28,25 @@ pub(crate) fn prefault_mib(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `n` and `noun`, with the noun in the plural unless `n` is one: "1 test", "2 tests".
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{MAX_PREFAULT_MIB, positive, prefault_mib};
+    use super::{MAX_PREFAULT_MIB, count, positive, prefault_mib};
+
+    #[test]
+    fn counts_take_the_plural_unless_one() {
+        assert_eq!(count(0, "test"), "0 tests");
+        assert_eq!(count(1, "test"), "1 test");
+        assert_eq!(count(2, "block"), "2 blocks");
+    }
 
     #[test]
     fn positive_counts_only() {

@@ -88,6 +88,20 @@ impl Default for TrieBenchConfig {
     }
 }
 
+/// A millisecond figure to the microsecond in the JSON, without float noise in the last
+/// places (`147.85725000000002`).
+fn micros<S: serde::Serializer>(ms: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((ms * 1e3).round() / 1e3)
+}
+
+/// A ratio to three decimals in the JSON.
+fn thousandths<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match x {
+        Some(x) => s.serialize_some(&((x * 1e3).round() / 1e3)),
+        None => s.serialize_none(),
+    }
+}
+
 /// Result of a run: medians over the measured blocks. Serializes to exactly the JSON fields
 /// of `overdrive bench trie --json`; the skipped fields are for the human-readable print.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -99,12 +113,16 @@ pub struct TrieBenchReport {
     /// Threads of run (d).
     pub threads: usize,
     /// (a) Full `HashBuilder` rebuild, ms per block.
+    #[serde(serialize_with = "micros")]
     pub full_rebuild_ms: f64,
     /// (b) reth-style serial incremental root, ms per block.
+    #[serde(serialize_with = "micros")]
     pub reth_style_ms: f64,
     /// (c) overdrive on one thread, ms per block.
+    #[serde(serialize_with = "micros")]
     pub overdrive_1t_ms: f64,
     /// (d) overdrive on `threads` threads, ms per block.
+    #[serde(serialize_with = "micros")]
     pub overdrive_ms: f64,
     /// Keccak calls of (d) per block.
     pub keccak_calls: u64,
@@ -114,7 +132,10 @@ pub struct TrieBenchReport {
     pub roots_equal: bool,
     /// With the co-run reference: what `threads` one-thread tries side by side gain over the
     /// same run one after another, summed over the blocks (the `co_run` module).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "thousandths"
+    )]
     pub co_run_speedup: Option<f64>,
     /// Measured blocks.
     #[serde(skip)]
