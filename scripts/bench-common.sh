@@ -5,7 +5,7 @@
 #        $OUT/bench.log so that tables stay readable and a failed run says where to look.
 BIN="${1:-}"
 if [[ -z "$BIN" ]]; then
-  cargo build --release --locked -q -p overdrive
+  cargo build --release --locked -p overdrive >&2
   # Where cargo put it (CARGO_TARGET_DIR or the workspace's target/).
   BIN="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/overdrive"
 fi

@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build --release --locked -q -p overdrive
+echo "bench: building overdrive (release; a few minutes the first time)" >&2
+cargo build --release --locked -p overdrive
 BIN="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/overdrive"
 status=0
 reason=$(bash scripts/setup-reth.sh 2>&1 >/dev/null) || status=$?

@@ -1,12 +1,11 @@
 //! Keccak-256 of many node encodings at once.
 //!
-//! Hashing is about half of a block's state-root time, and a trie's changed nodes come in
+//! Hashing is a large share of a block's state-root time, and a trie's changed nodes come in
 //! large groups that do not depend on each other (all changed leaves; then the branches just
 //! above them; ...). Two vector paths hash several of them per pass of the permutation, one
 //! per 64-bit lane:
-//! - AVX-512: `asmcrypto`, eight inputs. On the project's first machine eight 532-byte
-//!   branches cost about as much as one scalar call of alloy's `keccak256` (keccak-asm), a
-//!   sixth to a seventh of eight calls.
+//! - AVX-512: `asmcrypto`, eight inputs. Eight branches cost about as much as one scalar call of
+//!   alloy's `keccak256` (keccak-asm).
 //! - AVX2 without AVX-512: the `x4` module, four inputs.
 //!
 //! Everything else — neither, a lone input — goes through `keccak256`.
@@ -18,8 +17,9 @@
 //!   of equal length share a call;
 //! - its fallback without AVX-512 is slow scalar code, so without AVX-512 it is never called.
 //!
-//! `tests::batched_equals_scalar` checks every length up to four blocks against `keccak256`
-//! through whichever path this CPU takes, and `x4::tests` checks the four-way path itself.
+//! `tests::batched_equals_scalar_on_every_runnable_path` checks every length up to four blocks
+//! against `keccak256` through every path this CPU can run (the AVX-512 one only where the CPU
+//! has it), and `x4::tests` checks the four-way path itself.
 
 use alloy_primitives::{B256, keccak256};
 use std::sync::OnceLock;
@@ -66,12 +66,17 @@ pub(crate) fn batched() -> bool {
 
 /// Writes the Keccak-256 of `inputs[i]` to `out[i]` for every `i`. `order` is scratch space.
 pub(crate) fn keccak256_many(inputs: &[&[u8]], out: &mut [B256], order: &mut Vec<u32>) {
-    debug_assert_eq!(inputs.len(), out.len());
     let path = if inputs.len() < 2 {
         Path::Scalar
     } else {
         path()
     };
+    hash_on(path, inputs, out, order);
+}
+
+/// [`keccak256_many`] through `path`, which this CPU must support.
+fn hash_on(path: Path, inputs: &[&[u8]], out: &mut [B256], order: &mut Vec<u32>) {
+    debug_assert_eq!(inputs.len(), out.len());
     match path {
         Path::Scalar => {
             for (input, out) in inputs.iter().zip(out.iter_mut()) {
@@ -171,23 +176,46 @@ fn many_x8(inputs: &[&[u8]], out: &mut [B256], order: &mut Vec<u32>) {
 mod tests {
     use super::*;
 
+    /// Every path this CPU can run, not only the one [`path`] picks: the AVX2 path is tested
+    /// on AVX-512 machines too, and the scalar one everywhere.
+    fn runnable_paths() -> Vec<Path> {
+        let mut paths = vec![Path::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x4::supported() {
+                paths.push(Path::X4);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+            {
+                paths.push(Path::X8);
+            }
+        }
+        paths
+    }
+
     #[test]
-    fn batched_equals_scalar() {
+    fn batched_equals_scalar_on_every_runnable_path() {
         // Every length up to four blocks and a bit, in groups that mix equal and unequal
         // lengths (135 mod 136 included), with up to eleven inputs of one length.
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 131 + i / 7) as u8).collect();
         let mut order = Vec::new();
-        for len in 0..(4 * RATE + 16) {
-            let mut inputs: Vec<&[u8]> = Vec::new();
-            for copy in 0..(len % 12) {
-                inputs.push(&data[copy * 3..copy * 3 + len]);
-            }
-            inputs.push(&data[7..7 + (len * 7) % 600]);
-            inputs.push(&data[1..1 + len / 2]);
-            let mut out = vec![B256::ZERO; inputs.len()];
-            keccak256_many(&inputs, &mut out, &mut order);
-            for (input, hash) in inputs.iter().zip(&out) {
-                assert_eq!(*hash, keccak256(input), "length {}", input.len());
+        let paths = runnable_paths();
+        // The path the trie takes is among those tested.
+        assert!(paths.contains(&path()), "{paths:?}");
+        for &path in &paths {
+            for len in 0..(4 * RATE + 16) {
+                let mut inputs: Vec<&[u8]> = Vec::new();
+                for copy in 0..(len % 12) {
+                    inputs.push(&data[copy * 3..copy * 3 + len]);
+                }
+                inputs.push(&data[7..7 + (len * 7) % 600]);
+                inputs.push(&data[1..1 + len / 2]);
+                let mut out = vec![B256::ZERO; inputs.len()];
+                hash_on(path, &inputs, &mut out, &mut order);
+                for (input, hash) in inputs.iter().zip(&out) {
+                    assert_eq!(*hash, keccak256(input), "{path:?}, length {}", input.len());
+                }
             }
         }
     }

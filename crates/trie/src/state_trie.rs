@@ -15,11 +15,10 @@ use overdrive_tasks::{Pinning, WorkerPool, worker_pool};
 use rayon::prelude::*;
 use std::{cmp::Reverse, sync::Arc, time::Instant};
 
-/// Tasks per worker that a trie's updates are cut into, at most: enough for work stealing to
-/// even out uneven subtrees, few enough that each task is worth what it costs to start and
-/// merge. Measured on two threads against cutting every subtree of 64 updates or more
-/// (`BENCHMARKS.md`, trie, eighth round): median (d) 5.70 vs 6.37 ms at 10k, 15.80 vs 16.51 at
-/// 100k; no change at 1M.
+/// Tasks per worker that a trie's updates are cut into, at most: enough for work stealing to even
+/// out uneven subtrees, few enough that each task is worth what it costs to start and merge.
+/// Against cutting every subtree of 64 updates or more, this was measured faster on small and
+/// mid-sized updates and no slower on large ones.
 const TASKS_PER_THREAD: usize = 4;
 
 /// Settings of a [`StateTrie`].

@@ -6,11 +6,11 @@ use secp256k1::{Message, PublicKey, SECP256K1, SecretKey};
 /// The private key of workload account `index` under `seed`: `base(seed) + index`, where
 /// `base` is keccak of a label and the seed.
 ///
-/// Consecutive keys let `derive_signers` get each public key from the previous one with one
-/// point addition instead of a full scalar multiplication (about four times faster, which
-/// is most of the generation time for a million accounts). `base` is re-hashed until its top
-/// byte is below 0xff, so `base + index` stays far below the curve order for any `u64` index:
-/// every key is valid and no two accounts share one.
+/// Consecutive keys let `derive_signers` get each public key from the previous one with one point
+/// addition instead of a full scalar multiplication (several times cheaper; deriving the public
+/// keys is most of the generation time for a million accounts). `base` is re-hashed until its top
+/// byte is below 0xff, so `base + index` stays far below the curve order for any `u64` index: every
+/// key is valid and no two accounts share one.
 pub fn private_key(seed: u64, index: u64) -> B256 {
     B256::from(key_base(seed) + U256::from(index))
 }

@@ -1,9 +1,9 @@
 //! Receipt blooms with the hashes of repeated inputs cached.
 //!
-//! A receipt's bloom hashes every log's emitter address and every topic: four keccaks for an
-//! ERC20 `Transfer`, about a sixth of a speculative execution's time. The emitter and the first
-//! topic (the event signature) repeat across a block (one token, one event), the other topics
-//! (indexed senders, recipients, amounts) rarely do, so only the first two are cached.
+//! A receipt's bloom hashes every log's emitter address and every topic: four keccaks for an ERC20
+//! `Transfer`, a sizeable share of a speculative execution's time. The emitter and the first topic
+//! (the event signature) repeat across a block (one token, one event), the other topics (indexed
+//! senders, recipients, amounts) rarely do, so only the first two are cached.
 
 use alloy_primitives::{Address, B256, Bloom, BloomInput, Log, keccak256, map::HashMap};
 

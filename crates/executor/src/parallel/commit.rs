@@ -92,10 +92,10 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     pub transitions: Option<Writer<'c>>,
 }
 
-/// A contract the hints expect to change many storage slots (`BlockHints::many_slots`): its
-/// cached storage and its transition's are sized for them once they exist, instead of
-/// doubling a dozen times during the block (each doubling rehashes every slot so far: an ERC20
-/// token's 12,000 slots cost the committer about 0.8 ms a block). Capacity changes no output.
+/// A contract the hints expect to change many storage slots (`BlockHints::many_slots`): its cached
+/// storage and its transition's are sized for them once they exist, instead of doubling again and
+/// again during the block (each doubling rehashes every slot so far, on the committer, whose time
+/// caps the speedup). Capacity changes no output.
 #[derive(Debug)]
 pub(crate) struct Presize {
     address: Address,

@@ -85,8 +85,8 @@ pub(crate) struct BlockHints {
     /// memory: some later transaction is hinted to depend on it, it credits lazily (a later
     /// reader must see every credit), or it calls code whose writes the hints cannot tell.
     /// The writes of the others would only be read by a transaction the hints missed, whose
-    /// stale read the committer catches anyway; publishing them costs about a microsecond a
-    /// transaction.
+    /// stale read the committer catches anyway; publishing them would only add to every
+    /// transaction's time.
     pub publish: Vec<bool>,
     /// Length of the longest chain of hinted dependencies (transactions that must run one
     /// after the other).
@@ -105,10 +105,9 @@ pub(crate) struct BlockHints {
 /// Chain a contract's undecoded calls once at least this many have failed validation...
 /// (A few, so that two early conflicts of a contract whose calls rarely meet do not chain it.)
 pub(crate) const CHAIN_MIN_CONFLICTS: u32 = 4;
-/// ...and at least one in this many of those validated so far. Measured on the router
-/// workload, two threads: swaps over 2 pairs conflict in a third of their validations and
-/// speculation still beats one chain (1.13x against 1.0x); over 1 pair nearly all conflict
-/// and one chain is better (1.0x against 0.87x at 2.2x the CPU).
+/// ...and at least one in this many of those validated so far. On the router workload, swaps over
+/// two pairs, which conflict in a third of their validations, still gain from speculation over one
+/// chain; over one pair nearly all conflict, and one chain is faster on less CPU.
 pub(crate) const CHAIN_ONE_IN: u32 = 2;
 
 /// How one contract's undecoded calls fared in validation in this block. Written by the
@@ -395,11 +394,11 @@ fn hot_counts(
     counts
 }
 
-/// An open-addressing table (linear probing) whose slots are found from a 64-bit hash of the
-/// key, sized for at most `keys` keys at a load of two thirds or less. Unlike a `HashMap`'s, the
-/// slot a key probes first is known before the key is looked up, so it can be prefetched
-/// while earlier keys are processed: a block's tables are fresh memory, and in transaction
-/// order nearly every key is a cache miss (half of the hints' time before this table).
+/// An open-addressing table (linear probing) whose slots are found from a 64-bit hash of the key,
+/// sized for at most `keys` keys at a load of two thirds or less. Unlike a `HashMap`'s, the slot a
+/// key probes first is known before the key is looked up, so it can be prefetched while earlier
+/// keys are processed: a block's tables are fresh memory, and in transaction order nearly every key
+/// is a cache miss (a large share of the hints' time before this table).
 struct Table<T> {
     slots: Vec<T>,
     mask: usize,

@@ -1,15 +1,15 @@
 //! The end-of-block merge of `revm::State`'s transitions into the bundle, split across two
 //! threads.
 //!
-//! `State::merge_transitions` on a block's fresh `State` (empty bundle) takes, for every
-//! changed account independently, the transition's present bundle account and its revert. The
-//! two are independent of each other too, so the work is split by kind rather than by address:
-//! this thread builds the present accounts (and the new contracts) straight into the bundle's
-//! map, the pool thread builds the reverts, in address order — the canonical order both
-//! executors use (see [`crate::canonical_reverts`]) — by walking the transitions sorted by
-//! address. Both only read the transitions, so nothing is moved to split them and no second
-//! map is merged into the first afterwards (measured on a 6,000-transfer block: moving the
-//! transitions into two halves and joining the halves' maps took as long as the merge itself).
+//! `State::merge_transitions` on a block's fresh `State` (empty bundle) takes, for every changed
+//! account independently, the transition's present bundle account and its revert. The two are
+//! independent of each other too, so the work is split by kind rather than by address: this thread
+//! builds the present accounts (and the new contracts) straight into the bundle's map, the pool
+//! thread builds the reverts, in address order — the canonical order both executors use (see
+//! [`crate::canonical_reverts`]) — by walking the transitions sorted by address. Both only read the
+//! transitions, so nothing is moved to split them and no second map is merged into the first
+//! afterwards (moving the transitions into two halves and joining the halves' maps was measured to
+//! take as long as the merge itself).
 
 use alloy_primitives::{Address, B256, map::AddressMap};
 use overdrive_primitives::prefetch;
@@ -35,18 +35,18 @@ const PARALLEL_MERGE_MIN: usize = 1024;
 /// `transition`'s revert, as `create_revert` builds it, except that the account infos leave
 /// out the cached code.
 ///
-/// A revert restores balance, nonce and code hash; the code an `AccountInfo` may carry is a
-/// cache of its hash, which `AccountInfo`'s equality ignores and reth's revert tables do not
-/// store. Copying it would cost an atomic reference-count update per info on a counter the
-/// other thread updates at the same time (every code-less account shares one empty
-/// `Bytecode`): measured on a 6,000-transfer block, the two halves of the merge spent most of
-/// their time passing that counter's cache line back and forth.
+/// A revert restores balance, nonce and code hash; the code an `AccountInfo` may carry is a cache
+/// of its hash, which `AccountInfo`'s equality ignores and reth's revert tables do not store.
+/// Copying it would cost an atomic reference-count update per info on a counter the other thread
+/// updates at the same time (every code-less account shares one empty `Bytecode`): the two halves
+/// of the merge were measured spending most of their time passing that counter's cache line back
+/// and forth.
 ///
-/// The transitions a block's execution leaves on a fresh bundle (an account changed, created
-/// or touched) get their revert built directly; `create_revert` would copy the transition,
-/// collect its changed slots into one map and insert all its slots into a second one it then
-/// drops (an ERC20 token's 12,000 slots: 2–4 ms, the longest job of the merge). Any other
-/// status pair takes revm's own path on a copy.
+/// The transitions a block's execution leaves on a fresh bundle (an account changed, created or
+/// touched) get their revert built directly; `create_revert` would copy the transition, collect its
+/// changed slots into one map and insert all its slots into a second one it then drops (for a token
+/// that every transfer of the block writes, the longest job of the merge). Any other status pair
+/// takes revm's own path on a copy.
 fn revert_of(transition: &TransitionAccount) -> Option<AccountRevert> {
     let without_code = |info: &AccountInfo| AccountInfo {
         balance: info.balance,
@@ -145,11 +145,10 @@ struct Reverts {
 fn presents(maps: &[TransitionState]) -> Presents {
     let len = maps.iter().map(|m| m.transitions.len()).sum();
     let mut part = Presents {
-        // The transitions' own hasher (the maps share one): walked in table order, the
-        // transitions then land in the same order in a table of the same hasher, so the
-        // ≈ 200-byte accounts are written one after another instead of all over 3 MB (each
-        // map has its own random seed; with a fresh one the presents took 2.6–3.1 ms of a
-        // 6,000-transfer block, with this one 1.6–1.7).
+        // The transitions' own hasher (the maps share one): walked in table order, the transitions
+        // then land in the same order in a table of the same hasher, so the ≈ 200-byte accounts are
+        // written one after another instead of all over the table (each map has its own random
+        // seed, and with a fresh one the presents were measured markedly slower).
         accounts: AddressMap::with_capacity_and_hasher(
             len,
             maps.first()
@@ -233,7 +232,7 @@ pub(crate) fn merge_and_take<DB: revm::Database>(
     }
     let len: usize = maps.iter().map(|m| m.transitions.len()).sum();
     let bundle = if len < PARALLEL_MERGE_MIN {
-        // Waking the pool thread costs more than half of a small merge.
+        // Waking the pool thread costs more than splitting a small merge saves.
         into_bundle(presents(&maps), reverts(&maps))
     } else {
         // The reverts on the pool thread, the presents here (`ThreadPool::join` would run both

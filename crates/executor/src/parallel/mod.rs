@@ -4,12 +4,11 @@
 //! reference executor's own state and receipt path.
 //!
 //! Threads: the calling thread is the committer (it also executes transactions while it would
-//! otherwise wait); `threads - 1` persistent pool threads execute speculatively, and execute
-//! again a result that a later write below it made stale before the committer reaches it
-//! (`Scheduler::suspect`), so that stale results do not all fall to the committer's serial
-//! re-runs. Committing
-//! (state transitions, receipts) is about half of sequential execution's cost, so overlapping it
-//! with execution is as important as executing in parallel.
+//! otherwise wait); `threads - 1` persistent pool threads execute speculatively, and execute again
+//! a result that a later write below it made stale before the committer reaches it
+//! (`Scheduler::suspect`), so that stale results do not all fall to the committer's serial re-runs.
+//! Committing (state transitions, receipts) is a large share of sequential execution's cost, so
+//! overlapping it with execution is as important as executing in parallel.
 //!
 //! No core waits on serial per-block work where it can be avoided: the first worker builds the
 //! hints while the committer runs the system calls and executes the first transactions exactly
@@ -58,17 +57,15 @@ use std::{
 };
 
 /// Blocks with fewer transactions than this run sequentially by default: one transaction has
-/// nothing to run beside. The gas floor ([`DEFAULT_MIN_GAS_FOR_PARALLEL`]) is what keeps
-/// cheap blocks sequential; a block of few transactions above it holds heavy ones, and those
-/// gain (measured on 2 threads, `BENCHMARKS.md`: 8 calls of ≈ 0.5 Mgas each, the compute
-/// workload, 1.65–1.72x; 16 was the default before that was measured).
+/// nothing to run beside. The gas floor ([`DEFAULT_MIN_GAS_FOR_PARALLEL`]) is what keeps cheap
+/// blocks sequential; a block of few transactions above it holds heavy ones, and even two of those
+/// gain from running side by side.
 pub const DEFAULT_MIN_TXS_FOR_PARALLEL: usize = 2;
 
 /// Blocks whose estimated gas (see [`block_gas_estimate`]) is below this run sequentially by
-/// default: the parallel path costs about 0.1 ms a block more (hints, multi-version memory,
-/// waking the pool), which a block must win back. Measured on 2 threads (`BENCHMARKS.md`):
-/// parallel breaks even at about 3–5 Mgas of transfers or ERC20 transfers and at about
-/// 2.5 Mgas of Uniswap swaps.
+/// default: the parallel path has a fixed cost per block (hints, multi-version memory, waking the
+/// pool), which a block must win back, and this is about where parallel execution breaks even on
+/// blocks of transfers, ERC20 transfers and swaps.
 pub const DEFAULT_MIN_GAS_FOR_PARALLEL: u64 = 4_000_000;
 
 /// The gas a block's execution is expected to use, known before executing it: the header's
@@ -146,13 +143,12 @@ pub struct Scheduling {
     pub force_parallel_path: bool,
 }
 
-/// Which thread folds the committed transactions' state changes into the block's transitions
-/// (see `transitions.rs`). The committer must update `revm::State`'s cache in order; the fold
-/// can wait. On the committer it costs 16–26 % of the committer's time per validated
-/// transaction (`exec_bench` on 2 cores: ERC20 1.20–1.30 µs against 0.99–1.01, Uniswap 4.3–4.4
-/// against 3.3), and the committer's time caps the speedup on many threads. On the pool it costs
-/// more in all (the fold reads what another core wrote): on 2 threads, whose worker has no time
-/// to spare, parallel wall time went up 1–25 % (BENCHMARKS.md, twenty-ninth round).
+/// Which thread folds the committed transactions' state changes into the block's transitions (see
+/// `transitions.rs`). The committer must update `revm::State`'s cache in order; the fold can wait.
+/// On the committer it takes a sizeable share of the committer's time per validated transaction,
+/// and the committer's time caps the speedup on many threads. On the pool it costs more in all (the
+/// fold reads what another core wrote): on 2 threads, whose worker has no time to spare, it makes
+/// blocks slower.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TransitionFolding {
     /// On the pool when, in the last parallel block, the pool threads had at least
@@ -268,9 +264,9 @@ impl ParallelExecutor {
         // block's data after the return, as on more threads.
         let pool = (config.threads > 1 || config.scheduling.force_parallel_path)
             .then(|| {
-                // Unpinned: the committer is the calling thread and works while the pool
-                // thread does, so a block never waits on a second wake-up (pinning the two
-                // was measured: no change; BENCHMARKS.md, the trie's eighth round).
+                // Unpinned: the committer is the calling thread and works while the pool thread
+                // does, so a block never waits on a second wake-up (pinning the two was measured to
+                // make no difference).
                 worker_pool("overdrive-exec", config.threads.max(2) - 1, Pinning::Off)
                     .inspect_err(|e| tracing::warn!(%e, "parallel executor runs sequentially"))
                     .ok()
@@ -290,9 +286,9 @@ impl ParallelExecutor {
     /// Waits until the pool has freed the data of every block executed so far.
     ///
     /// A block's multi-version memory, scheduler and caches are freed on a pool thread after
-    /// `execute` returns, so that the caller gets the output a millisecond or two sooner. A
-    /// benchmark waits for it after the parallel run, so that this work counts in that run's
-    /// CPU time and does not slow down the next measured run.
+    /// `execute` returns, so that the caller gets the output sooner. A benchmark waits for it after
+    /// the parallel run, so that this work counts in that run's CPU time and does not slow down the
+    /// next measured run.
     pub fn wait_for_freeing(&self) {
         while self.freeing.load(Ordering::Acquire) > 0 {
             std::thread::sleep(std::time::Duration::from_micros(20));
@@ -548,8 +544,8 @@ impl ParallelExecutor {
             ..s
         });
         *lock(&self.last_stats) = stats;
-        // Freeing the block's speculative data and caches takes a millisecond or two; the pool
-        // thread does it while this one returns.
+        // Freeing the block's speculative data and caches takes time the caller need not wait for:
+        // the pool thread does it while this one returns.
         let cache = std::mem::take(&mut state.cache);
         let freeing = Freeing::start(&self.freeing);
         pool.spawn(move || {

@@ -77,9 +77,9 @@ const SHARDS: usize = 128;
 
 /// Versions of one location, sorted by transaction index (each index at most once).
 ///
-/// The indices are kept apart from the entries: every access binary-searches the indices, and
-/// an entry is 104 bytes (an account), so searching pairs of both touched a cache line per step
-/// (on Uniswap blocks, three quarters of the reads' time was that search's loads).
+/// The indices are kept apart from the entries: every access binary-searches the indices, and an
+/// entry is 104 bytes (an account), so searching pairs of both touched a cache line per step (on
+/// Uniswap blocks, most of the reads' time went to that search's loads).
 ///
 /// Most locations have one writer in a block, and its version lives in the map's slot itself:
 /// no allocation when it is written, and no pointer to follow when it is read.
@@ -124,13 +124,13 @@ struct Shard {
 #[derive(Debug)]
 pub(crate) struct MvMemory {
     shards: Box<[Shard]>,
-    /// A one-hash Bloom filter of the written locations: a bit is set before its location's
-    /// first write. Most reads are of locations nothing writes (most transactions publish
-    /// nothing), and the filter answers them without a shard's lock and map lookup (on an
-    /// ERC20 block, 6,195 of 21,344 lookups still lock). On two threads that made no
-    /// measurable difference (BENCHMARKS.md, sixth round); the lock traffic it removes grows
-    /// with the threads. A reader that misses a concurrent first write reads as if it came
-    /// just before it, which any speculative read may; the committer checks every read anyway.
+    /// A one-hash Bloom filter of the written locations: a bit is set before its location's first
+    /// write. Most reads are of locations nothing writes (most transactions publish nothing), and
+    /// the filter answers them without a shard's lock and map lookup (on an ERC20 block, most
+    /// lookups no longer lock). On two threads that made no measurable difference; the lock traffic
+    /// it removes grows with the threads. A reader that misses a concurrent first write reads as if
+    /// it came just before it, which any speculative read may; the committer checks every read
+    /// anyway.
     written: Box<[AtomicU64]>,
     /// Set once any transaction wrote a `Wipe`: until then storage reads skip the wipe lookup.
     any_wipe: AtomicBool,
@@ -170,13 +170,11 @@ impl MvMemory {
     /// A memory for a block of `txs` transactions whose maps have room for `locations`
     /// written locations; they grow if the block writes more.
     ///
-    /// Blocks write very different numbers of locations (distinct locations in a
-    /// 6,000-transaction block: transfer 1,339, ERC20 1,685, hybrid 9,622, Uniswap 19,501; a
-    /// 47,620-transfer mega-block 42,263): most transactions publish nothing. The executor
-    /// sizes a block's memory from the block before, because a larger table spreads the same
-    /// entries over more memory: at four locations per transaction, the mega-block's table took
-    /// 50 MB, more than the L3 cache holds (parallel runs of it took 109 ms against 104 ms at
-    /// one per transaction; medians of 8 alternating `exec_bench` runs).
+    /// Blocks write very different numbers of locations (from a fraction of one per transaction in
+    /// a block of transfers to several in a block of swaps): most transactions publish nothing. The
+    /// executor sizes a block's memory from the block before, because a larger table spreads the
+    /// same entries over more memory: sized at four locations per transaction, a mega-block's table
+    /// outgrew the L3 cache, and the block ran measurably slower than at one per transaction.
     pub(crate) fn with_capacity(locations: usize, txs: usize) -> Self {
         let per_shard = locations / SHARDS;
         // Sixteen bits per transaction: a few percent of them set on a block whose transactions

@@ -3,13 +3,13 @@
 //!
 //! A speculative result (its state map, read set, write list) is allocated by the thread that
 //! executed it and consumed by the committer. Freed by the committer, each allocation takes the
-//! allocator's cross-thread path: an atomic push onto the owner's list, which the owner later
-//! walks when it runs out of free blocks. Profiles of transfer blocks put the allocator at
-//! about 15 % of the parallel path's CPU against 6 % of the sequential executor's. Returned in
-//! batches and freed by their owner, the blocks go back to its local free lists and are reused
-//! by its next transactions (keeping them until the block ends instead was measured slower:
-//! nothing is reused within the block then). Results the committer speculated itself, while
-//! helping, are its own allocations: it frees those on the spot (`Committer::recycle`).
+//! allocator's cross-thread path: an atomic push onto the owner's list, which the owner later walks
+//! when it runs out of free blocks. Profiles of transfer blocks put the allocator at a far larger
+//! share of the parallel path's CPU than of the sequential executor's. Returned in batches and
+//! freed by their owner, the blocks go back to its local free lists and are reused by its next
+//! transactions (keeping them until the block ends instead was measured slower: nothing is reused
+//! within the block then). Results the committer speculated itself, while helping, are its own
+//! allocations: it frees those on the spot (`Committer::recycle`).
 
 use super::spec::SpecOutcome;
 use std::sync::{

@@ -34,13 +34,12 @@ pub(crate) const COMMITTED: u8 = 4;
 /// many in a block, plus [`RERUNS_PER_PAID`] per re-run result that passed validation, and
 /// never more than one per [`RERUNS_BLOCK_SHARE`] of the block's transactions.
 ///
-/// Each re-run can make the next writer's result stale in turn. Where the hints miss a
-/// location that most transactions write, re-runs come in waves from every out-of-order
-/// finish, and most go stale again before the committer reaches them: with conflicts hidden
-/// from the DAG's learning, the router workload on 10 pairs re-ran 1.7 results per
-/// transaction on 16 threads and ran at half the sequential speed. (Calls of an undecoded
-/// contract are chained once they conflict often, re-runs counted: see
-/// `BlockHints::call_checked`.)
+/// Each re-run can make the next writer's result stale in turn. Where the hints miss a location
+/// that most transactions write, re-runs come in waves from every out-of-order finish, and most go
+/// stale again before the committer reaches them: with conflicts hidden from the DAG's learning,
+/// the router workload on 10 pairs re-ran more than one result per transaction on 16 threads and
+/// ran well below the sequential speed. (Calls of an undecoded contract are chained once they
+/// conflict often, re-runs counted: see `BlockHints::call_checked`.)
 pub(crate) const RERUNS_FREE: usize = 64;
 /// See [`RERUNS_FREE`].
 pub(crate) const RERUNS_PER_PAID: usize = 2;
@@ -87,10 +86,10 @@ pub(crate) struct Scheduler {
     ready_len: AtomicUsize,
     /// Idle workers wait here for `ready` to fill or the block to end.
     idle: Condvar,
-    /// Workers waiting on `idle`. Changed and read only with `ready` locked, so a notifier
-    /// that sees zero cannot miss a sleeper; it skips the notification, which is a system call
-    /// (one per released batch of dependants otherwise, measured at 4 % of a worker's time on a
-    /// block of transfers).
+    /// Workers waiting on `idle`. Changed and read only with `ready` locked, so a notifier that
+    /// sees zero cannot miss a sleeper; it skips the notification, which is a system call (one per
+    /// released batch of dependants otherwise, a noticeable share of a worker's time on a block of
+    /// transfers).
     sleepers: AtomicUsize,
     /// Set when the committer is finished (success or error) or a thread panicked.
     stop: AtomicBool,

@@ -2,16 +2,16 @@
 //!
 //! `revm::State::commit` does two things with each changed account: it updates the cache (what
 //! every later read of the committed state answers) and it folds the account's change into the
-//! block's transition for that account (what the bundle is built from at the end). Only the
-//! first must happen on the committer, in order, before the next transaction is validated. The
-//! second is 16–26 % of the committer's time per validated transaction (BENCHMARKS.md,
-//! twenty-ninth round; an ERC20 token's transition is updated 12,000 times a block), and the
-//! committer's time is what caps the speedup on many threads (`CommitStats::serial_ns`). So,
-//! when the pool has time to spare (`TransitionFolding`), the committer updates the cache and
-//! queues each transition here, in a shard chosen by its address; pool threads fold the queues
-//! into the shards' transition states while the block runs, and every thread folds what is left
-//! at its end. Folding there costs more in all than on the committer (the folding thread reads
-//! what another core wrote), which is why it is not done when the pool has no time to spare.
+//! block's transition for that account (what the bundle is built from at the end). Only the first
+//! must happen on the committer, in order, before the next transaction is validated. The second
+//! takes a sizeable share of the committer's time per validated transaction (an ERC20 token's
+//! transition is updated by every transfer of the block), and the committer's time is what caps the
+//! speedup on many threads (`CommitStats::serial_ns`). So, when the pool has time to spare
+//! (`TransitionFolding`), the committer updates the cache and queues each transition here, in a
+//! shard chosen by its address; pool threads fold the queues into the shards' transition states
+//! while the block runs, and every thread folds what is left at its end. Folding there costs more
+//! in all than on the committer (the folding thread reads what another core wrote), which is why it
+//! is not done when the pool has no time to spare.
 //!
 //! Folding in commit order per address is what makes the result equal to `revm::State`'s own:
 //! an address always goes to the same shard, the committer queues in commit order, and a

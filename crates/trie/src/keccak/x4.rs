@@ -65,7 +65,8 @@ pub(super) fn supported() -> bool {
 pub(super) fn keccak256_x4(inputs: [&[u8]; 4]) -> [B256; 4] {
     let n = blocks(inputs[0].len());
     assert!(inputs.iter().all(|input| blocks(input.len()) == n));
-    // The standard library caches the detection: an atomic load per call of ≈ 600 ns.
+    // The standard library caches the detection: an atomic load per call, negligible beside the
+    // hashing.
     assert!(supported(), "the four-way Keccak needs AVX2");
     // SAFETY: the CPU has AVX2, checked just above.
     unsafe { sponge(inputs, n) }
