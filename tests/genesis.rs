@@ -1,6 +1,6 @@
 //! Genesis roots of the dev preset and of a genesis.json, checked against independent sources.
 
-use overdrive_primitives::{ChainSpec, MemState};
+use overdrive_primitives::{ChainParams, MemState};
 
 #[test]
 fn ethereum_tests_genesis_roots_match() {
@@ -14,8 +14,8 @@ fn ethereum_tests_genesis_roots_match() {
 
 #[test]
 fn dev_genesis_is_deterministic_and_funded() {
-    let a = ChainSpec::dev();
-    let b = ChainSpec::dev();
+    let a = ChainParams::dev();
+    let b = ChainParams::dev();
     let state = MemState::from_alloc(&a.genesis.alloc);
     let root = overdrive_trie::reference::state_root(&state);
     assert_eq!(
@@ -46,7 +46,7 @@ fn genesis_json_round_trips_through_init_rules() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("genesis.json");
     std::fs::write(&path, json).unwrap();
-    let spec = ChainSpec::load(path.to_str().unwrap()).unwrap();
+    let spec = ChainParams::load(path.to_str().unwrap()).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     use overdrive_primitives::EthereumHardforks;
     assert_eq!(spec.chain_id, 7);
@@ -59,7 +59,7 @@ fn genesis_json_round_trips_through_init_rules() {
         header.blob_gas_used.is_none(),
         "Cancun is not active at genesis"
     );
-    assert!(ChainSpec::load("no-such-chain").is_err());
+    assert!(ChainParams::load("no-such-chain").is_err());
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn mainnet_genesis_hash_and_root_match_the_known_values() {
         "{} missing: run scripts/setup.sh",
         alloc.display()
     );
-    let spec = ChainSpec::mainnet_with_alloc_file(&alloc).unwrap();
+    let spec = ChainParams::mainnet_with_alloc_file(&alloc).unwrap();
     let root = overdrive_trie::reference::state_root(&MemState::from_alloc(&spec.genesis.alloc));
     assert_eq!(
         root,
@@ -87,16 +87,16 @@ fn mainnet_genesis_hash_and_root_match_the_known_values() {
 
 /// The overdrive trie's root of a full state, built from empty.
 fn overdrive_root(state: &MemState) -> alloy_primitives::B256 {
-    use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
+    use overdrive_trie::{HashedStateChanges, MemNodeStore, StateTrie, TrieConfig};
     let mut trie = StateTrie::new(MemNodeStore::default(), TrieConfig::with_threads(2)).unwrap();
-    trie.apply(&HashedPostState::from_state(state))
+    trie.apply(&HashedStateChanges::from_state(state))
         .unwrap()
         .root
 }
 
 #[test]
 fn dev_and_generated_genesis_roots_match_the_reference() {
-    let dev = MemState::from_alloc(&ChainSpec::dev().genesis.alloc);
+    let dev = MemState::from_alloc(&ChainParams::dev().genesis.alloc);
     assert_eq!(
         overdrive_root(&dev),
         overdrive_trie::reference::state_root(&dev)
@@ -125,16 +125,16 @@ fn dev_and_generated_genesis_roots_match_the_reference() {
 
 #[test]
 fn unusable_genesis_files_are_refused_with_their_reason() {
-    use overdrive_primitives::ChainSpecError;
+    use overdrive_primitives::ChainParamsError;
     let dir = std::env::temp_dir().join(format!("overdrive-bad-genesis-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let load = |name: &str, json: &str| {
         let path = dir.join(name);
         std::fs::write(&path, json).unwrap();
-        ChainSpec::load(path.to_str().unwrap())
+        ChainParams::load(path.to_str().unwrap())
     };
-    let invalid = |result: Result<ChainSpec, ChainSpecError>, needle: &str| match result {
-        Err(e @ ChainSpecError::Invalid { .. }) => {
+    let invalid = |result: Result<ChainParams, ChainParamsError>, needle: &str| match result {
+        Err(e @ ChainParamsError::Invalid { .. }) => {
             assert!(e.to_string().contains(needle), "{e}")
         }
         other => panic!("expected Invalid mentioning {needle}, got {other:?}"),
@@ -162,12 +162,12 @@ fn unusable_genesis_files_are_refused_with_their_reason() {
     );
     assert!(matches!(
         load("junk.json", "not json"),
-        Err(ChainSpecError::Json { .. })
+        Err(ChainParamsError::Json { .. })
     ));
     // A path that does not exist gets the file's error, with the path, not "unknown chain".
     let missing = dir.join("typo/genesis.json");
-    match ChainSpec::load(missing.to_str().unwrap()) {
-        Err(e @ ChainSpecError::Io { .. }) => {
+    match ChainParams::load(missing.to_str().unwrap()) {
+        Err(e @ ChainParamsError::Io { .. }) => {
             assert!(e.to_string().contains("typo/genesis.json"), "{e}")
         }
         other => panic!("expected Io, got {other:?}"),

@@ -3,7 +3,7 @@
 //! total supply.
 
 use alloy_primitives::{Address, U256};
-use overdrive_executor::{BlockExecutor, SequentialExecutor};
+use overdrive_executor::{ExecuteBlock, SequentialExecutor};
 use overdrive_primitives::MemState;
 use overdrive_workload::{BASE_FEE, Workload, WorkloadConfig, WorkloadKind, erc20, generate};
 

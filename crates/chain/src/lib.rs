@@ -13,9 +13,9 @@ use alloy_genesis::Genesis;
 use alloy_hardforks::EthereumHardforks;
 use alloy_primitives::{B256, Bloom};
 use overdrive_consensus::{validate_body, validate_header, validate_post_execution};
-use overdrive_executor::{BlockExecutor, SequentialExecutor};
-use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
-use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
+use overdrive_executor::{ExecuteBlock, SequentialExecutor};
+use overdrive_primitives::{BlockWithSenders, ChainParams, MemState};
+use overdrive_trie::{HashedStateChanges, MemNodeStore, StateTrie, TrieConfig};
 use overdrive_workload::Workload;
 use std::{io::Write, path::Path};
 
@@ -113,7 +113,7 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
             .blob_schedule
             .insert("osaka".into(), BlobParams::osaka());
     }
-    let spec = ChainSpec::from_genesis(genesis.clone());
+    let spec = ChainParams::from_genesis(genesis.clone());
     let mut state = workload.genesis.clone();
     let mut trie = StateTrie::new(MemNodeStore::default(), TrieConfig::default()).map_err(|e| {
         ChainError::Trie {
@@ -122,7 +122,7 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
         }
     })?;
     let genesis_root = trie
-        .apply(&HashedPostState::from_state(&state))
+        .apply(&HashedStateChanges::from_state(&state))
         .map_err(|e| ChainError::Trie {
             number: 0,
             reason: e.to_string(),
@@ -144,7 +144,7 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
         header.excess_blob_gas = spec
             .blob_params_at(header.timestamp)
             .and_then(|params| parent.next_block_excess_blob_gas(params));
-        let mut block = RecoveredBlock::from_parts(
+        let mut block = BlockWithSenders::from_parts(
             header,
             generated.transactions.clone(),
             generated.ommers.clone(),
@@ -156,7 +156,7 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
                 number,
                 reason: e.to_string(),
             })?;
-        let diff = HashedPostState::from_bundle(&output.bundle);
+        let diff = HashedStateChanges::from_bundle(&output.bundle);
         state.apply_bundle(&output.bundle);
         let root = trie
             .apply(&diff)
@@ -177,7 +177,7 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
         if spec.is_prague_active_at_timestamp(header.timestamp) {
             header.requests_hash = Some(output.requests.requests_hash());
         }
-        let block = RecoveredBlock::from_parts(
+        let block = BlockWithSenders::from_parts(
             block.header,
             block.transactions,
             block.ommers,
@@ -281,7 +281,7 @@ mod tests {
                 assert!(block.header.base_fee_per_gas < parent.base_fee_per_gas);
                 parent = block.header.clone();
             }
-            let spec = ChainSpec::from_genesis(chain.genesis.clone());
+            let spec = ChainParams::from_genesis(chain.genesis.clone());
             assert_eq!(spec.is_osaka_active_at_timestamp(0), fork == Fork::Osaka);
         }
     }
@@ -292,7 +292,7 @@ mod tests {
         let chain = build(&workload(WorkloadKind::Transfer), Fork::Prague).unwrap();
         let dir = std::env::temp_dir().join(format!("overdrive-chain-{}", std::process::id()));
         let (genesis_path, chain_path) = write(&chain, &dir).unwrap();
-        let spec = ChainSpec::from_genesis_file(&genesis_path).unwrap();
+        let spec = ChainParams::from_genesis_file(&genesis_path).unwrap();
         let state = MemState::from_alloc(&spec.genesis.alloc);
         let root = overdrive_trie::reference::state_root(&state);
         assert_eq!(spec.genesis_header(root), chain.genesis_header);

@@ -20,7 +20,7 @@ use alloy_eips::{
 };
 use alloy_primitives::{Address, B256, Bloom};
 use alloy_rlp::Encodable;
-use overdrive_primitives::{ChainSpec, EthereumHardforks, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, ChainParams, EthereumHardforks};
 
 /// The smallest gas limit a block may have.
 pub const MINIMUM_GAS_LIMIT: u64 = 5000;
@@ -106,7 +106,7 @@ use ConsensusError as E;
 
 /// Validates a header on its own and against its parent.
 pub fn validate_header(
-    spec: &ChainSpec,
+    spec: &ChainParams,
     header: &Header,
     parent: &Header,
 ) -> Result<(), ConsensusError> {
@@ -201,7 +201,7 @@ fn validate_gas_limit(header: &Header, parent: &Header) -> Result<(), ConsensusE
 }
 
 fn validate_base_fee(
-    spec: &ChainSpec,
+    spec: &ChainParams,
     header: &Header,
     parent: &Header,
 ) -> Result<(), ConsensusError> {
@@ -223,7 +223,7 @@ fn validate_base_fee(
 }
 
 fn validate_excess_blob_gas(
-    spec: &ChainSpec,
+    spec: &ChainParams,
     header: &Header,
     parent: &Header,
 ) -> Result<(), ConsensusError> {
@@ -254,7 +254,7 @@ fn validate_excess_blob_gas(
 }
 
 /// Validates a body against its header: transactions root, ommers, withdrawals, blob gas.
-pub fn validate_body(spec: &ChainSpec, block: &RecoveredBlock) -> Result<(), ConsensusError> {
+pub fn validate_body(spec: &ChainParams, block: &BlockWithSenders) -> Result<(), ConsensusError> {
     let header = &block.header;
     let txs: Vec<_> = block.transactions.iter().map(|tx| tx.inner()).collect();
     let tx_root = calculate_transaction_root(&txs);
@@ -334,7 +334,7 @@ pub fn validate_body(spec: &ChainSpec, block: &RecoveredBlock) -> Result<(), Con
 /// Validates execution results against the header: gas used, receipts root, logs bloom and
 /// (Prague) the requests hash. The state root is checked by the caller, who owns the trie.
 pub fn validate_post_execution(
-    spec: &ChainSpec,
+    spec: &ChainParams,
     header: &Header,
     receipts: &[ReceiptEnvelope],
     gas_used: u64,
@@ -373,7 +373,7 @@ pub fn validate_post_execution(
 }
 
 /// The length of `block`'s RLP encoding, without encoding it.
-pub fn block_rlp_length(block: &RecoveredBlock) -> usize {
+pub fn block_rlp_length(block: &BlockWithSenders) -> usize {
     fn list(payload: usize) -> usize {
         payload + alloy_rlp::length_of_length(payload)
     }
@@ -397,7 +397,7 @@ pub fn block_rlp_length(block: &RecoveredBlock) -> usize {
 /// reth v2.5.1 and alloy-evm 0.38 do not check this (the call to an empty account succeeds
 /// with no requests); execution-spec-tests expect the block rejected.
 pub fn validate_system_contracts(
-    spec: &ChainSpec,
+    spec: &ChainParams,
     header: &Header,
     has_code: impl Fn(Address) -> bool,
 ) -> Result<(), ConsensusError> {
@@ -441,8 +441,8 @@ mod tests {
 
     /// The dev chain (every fork through Prague from genesis), its genesis header, and a valid
     /// child of it.
-    fn chain() -> (ChainSpec, Header, Header) {
-        let spec = ChainSpec::dev();
+    fn chain() -> (ChainParams, Header, Header) {
+        let spec = ChainParams::dev();
         let parent = spec.genesis_header(B256::ZERO);
         let child = Header {
             parent_hash: parent.hash_slow(),
@@ -569,10 +569,10 @@ mod tests {
 
     /// An Osaka (dev plus Osaka) block whose one legacy transaction carries `input`, with every
     /// body commitment in its header right.
-    fn osaka_block(input: usize, osaka: bool) -> (ChainSpec, RecoveredBlock) {
+    fn osaka_block(input: usize, osaka: bool) -> (ChainParams, BlockWithSenders) {
         use alloy_consensus::{SignableTransaction, TxEnvelope, TxLegacy, transaction::Recovered};
         use alloy_primitives::{Signature, TxKind};
-        let mut spec = ChainSpec::dev();
+        let mut spec = ChainParams::dev();
         if osaka {
             spec = spec.with_fork(
                 overdrive_primitives::EthereumHardfork::Osaka,
@@ -592,7 +592,7 @@ mod tests {
         let transactions = vec![Recovered::new_unchecked(tx, Address::ZERO)];
         (
             spec,
-            RecoveredBlock::from_parts(header, transactions, Vec::new(), Some(Vec::new())),
+            BlockWithSenders::from_parts(header, transactions, Vec::new(), Some(Vec::new())),
         )
     }
 

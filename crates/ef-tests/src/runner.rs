@@ -9,13 +9,13 @@ use overdrive_consensus::{
     validate_system_contracts,
 };
 use overdrive_executor::{
-    BlockExecutor, BlockOutput, CommitStats, ExecutionError, ParallelConfig, ParallelExecutor,
+    BlockOutput, CommitStats, ExecuteBlock, ExecutionError, ParallelConfig, ParallelExecutor,
     Scheduling, SequentialExecutor, TransitionFolding,
 };
 use overdrive_primitives::{
-    ChainSpec, EthereumHardfork, MemState, RecoveredBlock, merged_chain_config,
+    BlockWithSenders, ChainParams, EthereumHardfork, MemState, merged_chain_config,
 };
-use overdrive_trie::{HashedPostState, MemNodeStore, StateTrie, TrieConfig};
+use overdrive_trie::{HashedStateChanges, MemNodeStore, StateTrie, TrieConfig};
 use revm::primitives::KECCAK_EMPTY;
 use std::{
     collections::BTreeMap,
@@ -512,7 +512,7 @@ const TRANSITION_TIME: u64 = 15_000;
 /// The chain a fixture runs on: its network's fork schedule (every fork up to the network's at
 /// genesis; for `XToYAtTime15k`, up to X at genesis and Y at 15,000), and from `config` the
 /// chain id and blob schedule. Without a config: chain 1, Ethereum's blob parameters.
-fn network_spec(network: &str, config: Option<&FixtureConfig>) -> Result<ChainSpec, String> {
+fn network_spec(network: &str, config: Option<&FixtureConfig>) -> Result<ChainParams, String> {
     let index = |name: &str| {
         let name = if name == "Merge" { "Paris" } else { name };
         NETWORK_FORKS.iter().position(|(n, _)| *n == name)
@@ -555,7 +555,7 @@ fn network_spec(network: &str, config: Option<&FixtureConfig>) -> Result<ChainSp
         bpo3_time: time_of(EthereumHardfork::Bpo3),
         bpo4_time: time_of(EthereumHardfork::Bpo4),
         bpo5_time: time_of(EthereumHardfork::Bpo5),
-        deposit_contract_address: ChainSpec::mainnet().deposit_contract_address,
+        deposit_contract_address: ChainParams::mainnet().deposit_contract_address,
         ..merged_chain_config(1)
     };
     if let Some(config) = config {
@@ -583,7 +583,7 @@ fn network_spec(network: &str, config: Option<&FixtureConfig>) -> Result<ChainSp
             chain.blob_schedule.insert(fork.to_lowercase(), params);
         }
     }
-    Ok(ChainSpec::from_genesis(Genesis {
+    Ok(ChainParams::from_genesis(Genesis {
         config: chain,
         ..Default::default()
     }))
@@ -727,7 +727,7 @@ impl Runner {
                 let mut trie =
                     StateTrie::new(MemNodeStore::default(), config).map_err(|e| e.to_string())?;
                 let out = trie
-                    .apply(&HashedPostState::from_state(state))
+                    .apply(&HashedStateChanges::from_state(state))
                     .map_err(|e| e.to_string())?;
                 Ok((out.root, Some(trie)))
             }
@@ -736,12 +736,12 @@ impl Runner {
 
     fn import_block(
         &self,
-        spec: &ChainSpec,
+        spec: &ChainParams,
         chain: &HashMap<B256, Imported>,
         rlp: &[u8],
         executed: &mut ExecCounts,
     ) -> Result<(B256, Imported), Rejection> {
-        let block = RecoveredBlock::decode(rlp).map_err(|e| e.to_string())?;
+        let block = BlockWithSenders::decode(rlp).map_err(|e| e.to_string())?;
         let parent = chain
             .get(&block.header.parent_hash)
             .ok_or_else(|| format!("unknown parent {}", block.header.parent_hash))?;
@@ -769,7 +769,7 @@ impl Runner {
             None => (overdrive_trie::reference::state_root(&state), None),
             Some(parent_trie) => {
                 let mut trie = parent_trie.clone();
-                let diff = HashedPostState::from_bundle(&output.bundle);
+                let diff = HashedStateChanges::from_bundle(&output.bundle);
                 let out = trie
                     .apply(&diff)
                     .map_err(|e| Rejection::Internal(format!("overdrive trie: {e}")))?;
@@ -813,8 +813,8 @@ impl Runner {
     /// fixture expects to be rejected would pass on any rejection, including a wrong one.
     fn execute(
         &self,
-        spec: &ChainSpec,
-        block: &RecoveredBlock,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
         state: &MemState,
     ) -> Result<(BlockOutput, Option<CommitStats>), Rejection> {
         let rejection = |e: ExecutionError| match e {

@@ -1,6 +1,6 @@
 //! Block executors for overdrive.
 //!
-//! Every executor implements [`BlockExecutor`]: it takes a block with recovered senders, a
+//! Every executor implements [`ExecuteBlock`]: it takes a block with recovered senders, a
 //! pre-state reader (revm `DatabaseRef`) and the chain spec, and returns receipts, gas,
 //! EIP-7685 requests and the bundle state with reverts. [`SequentialExecutor`] runs alloy-evm's
 //! `EthBlockExecutor` over `revm::State` (reth's own path) and is the reference that every
@@ -21,9 +21,9 @@ pub use error::ExecutionError;
 pub use metrics::describe_metrics;
 pub use parallel::{
     CommitStats, DEFAULT_MIN_GAS_FOR_PARALLEL, DEFAULT_MIN_TXS_FOR_PARALLEL, LEARNED_BLOCKS,
-    Learned, POOL_FOLDING_SPARE, ParallelConfig, ParallelExecutor, Scheduling, TransitionFolding,
-    block_gas_estimate,
+    LearnedSchedule, POOL_FOLDING_SPARE, ParallelConfig, ParallelExecutor, Scheduling,
+    TransitionFolding, block_gas_estimate,
 };
 pub use readers::{BundleOverlay, CachedReader, PerThreadReader};
 pub use sequential::{SequentialExecutor, canonical_reverts, evm_env, execution_ctx};
-pub use traits::{BlockExecutor, BlockOutput, StateReader};
+pub use traits::{BlockOutput, ExecuteBlock, StateReader};

@@ -3,7 +3,7 @@
 //! reach overdrive's. With no recorder installed each call does nothing.
 //!
 //! Names follow Prometheus conventions (`_total` counters, `_seconds` durations); the
-//! `executor` label is [`crate::BlockExecutor::name`].
+//! `executor` label is [`crate::ExecuteBlock::name`].
 
 use crate::{BlockOutput, CommitStats, ExecutionError};
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
@@ -93,7 +93,7 @@ pub(crate) fn record_commit(stats: &CommitStats) {
 #[cfg(test)]
 mod tests {
     use crate::{
-        BlockExecutor, ExecutionError, ParallelConfig, ParallelExecutor, SequentialExecutor,
+        ExecuteBlock, ExecutionError, ParallelConfig, ParallelExecutor, SequentialExecutor,
     };
     use metrics::{SharedString, Unit};
     use metrics_util::{

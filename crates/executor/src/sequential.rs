@@ -1,4 +1,4 @@
-use crate::{BlockExecutor, BlockOutput, ExecutionError, StateReader};
+use crate::{BlockOutput, ExecuteBlock, ExecutionError, StateReader};
 use alloy_evm::{
     EvmEnv, EvmFactory,
     block::BlockExecutor as _,
@@ -6,7 +6,7 @@ use alloy_evm::{
         EthBlockExecutionCtx, EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder,
     },
 };
-use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, ChainParams};
 use revm::database::{BundleState, State, WrapDatabaseRef, states::bundle_state::BundleRetention};
 use std::{borrow::Cow, time::Instant};
 
@@ -18,7 +18,7 @@ pub struct SequentialExecutor;
 
 /// The EVM environment of a block under `spec`: the spec id, chain id, blob parameters and
 /// block env. Shared by every executor so they cannot disagree on it.
-pub fn evm_env(spec: &ChainSpec, block: &RecoveredBlock) -> EvmEnv {
+pub fn evm_env(spec: &ChainParams, block: &BlockWithSenders) -> EvmEnv {
     EvmEnv::for_eth_block(
         &block.header,
         spec,
@@ -34,7 +34,7 @@ pub fn evm_env(spec: &ChainSpec, block: &RecoveredBlock) -> EvmEnv {
 /// measured against the sequential executor does not count the presizing.
 pub(crate) fn block_state<'a, DB: StateReader>(
     db: &'a DB,
-    block: &RecoveredBlock,
+    block: &BlockWithSenders,
 ) -> State<WrapDatabaseRef<&'a DB>> {
     let mut state = State::builder()
         .with_database_ref(db)
@@ -49,7 +49,7 @@ pub(crate) fn block_state<'a, DB: StateReader>(
 }
 
 /// The execution context (system-call inputs) of a block.
-pub fn execution_ctx(block: &RecoveredBlock) -> EthBlockExecutionCtx<'_> {
+pub fn execution_ctx(block: &BlockWithSenders) -> EthBlockExecutionCtx<'_> {
     EthBlockExecutionCtx {
         parent_hash: block.header.parent_hash,
         parent_beacon_block_root: block.header.parent_beacon_block_root,
@@ -73,15 +73,15 @@ pub fn canonical_reverts(bundle: &mut BundleState) {
     }
 }
 
-impl BlockExecutor for SequentialExecutor {
+impl ExecuteBlock for SequentialExecutor {
     fn name(&self) -> &'static str {
         "sequential"
     }
 
     fn execute<DB: StateReader>(
         &self,
-        spec: &ChainSpec,
-        block: &RecoveredBlock,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
         let started = Instant::now();
@@ -101,8 +101,8 @@ impl BlockExecutor for SequentialExecutor {
 /// bundle merged with its reverts in canonical order. Other executors' sequential paths call
 /// it too (and record their own metrics).
 pub(crate) fn execute_block<DB: StateReader>(
-    spec: &ChainSpec,
-    block: &RecoveredBlock,
+    spec: &ChainParams,
+    block: &BlockWithSenders,
     state: &DB,
 ) -> Result<BlockOutput, ExecutionError> {
     let mut db = block_state(state, block);

@@ -1,7 +1,7 @@
 use crate::ExecutionError;
 use alloy_consensus::ReceiptEnvelope;
 use alloy_eips::eip7685::Requests;
-use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, ChainParams};
 use revm::{DatabaseRef, database::BundleState, database_interface::DBErrorMarker};
 
 /// What executing one block produces. Two executors agree on a block exactly when their
@@ -40,7 +40,7 @@ impl<T> StateReader for T where
 /// Implementations must be deterministic and must return exactly what
 /// [`crate::SequentialExecutor`] returns for the same input, errors included (same variant,
 /// same transaction index).
-pub trait BlockExecutor: Send + Sync {
+pub trait ExecuteBlock: Send + Sync {
     /// Short name for logs and benchmark output.
     fn name(&self) -> &'static str;
 
@@ -48,8 +48,8 @@ pub trait BlockExecutor: Send + Sync {
     /// state to clean up.
     fn execute<DB: StateReader>(
         &self,
-        spec: &ChainSpec,
-        block: &RecoveredBlock,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError>;
 }

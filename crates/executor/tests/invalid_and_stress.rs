@@ -8,8 +8,8 @@ mod common;
 use alloy_consensus::{Header, TxEip1559, TxEnvelope, transaction::Recovered};
 use alloy_primitives::{Address, Bytes, TxKind, U256};
 use common::{CHAIN_ID, Fork, Gen, Key, assert_equal, parallel};
-use overdrive_executor::{BlockExecutor, ExecutionError, SequentialExecutor};
-use overdrive_primitives::{MemState, RecoveredBlock};
+use overdrive_executor::{ExecuteBlock, ExecutionError, SequentialExecutor};
+use overdrive_primitives::{BlockWithSenders, MemState};
 use rand::Rng;
 use revm::{
     DatabaseRef,
@@ -38,7 +38,7 @@ fn transfer(
     })
 }
 
-fn block_of(txs: Vec<Recovered<TxEnvelope>>, gas_limit: u64) -> RecoveredBlock {
+fn block_of(txs: Vec<Recovered<TxEnvelope>>, gas_limit: u64) -> BlockWithSenders {
     let header = Header {
         number: 9,
         gas_limit,
@@ -50,7 +50,7 @@ fn block_of(txs: Vec<Recovered<TxEnvelope>>, gas_limit: u64) -> RecoveredBlock {
         blob_gas_used: Some(0),
         ..Default::default()
     };
-    RecoveredBlock::from_parts(header, txs, Vec::new(), Some(Vec::new()))
+    BlockWithSenders::from_parts(header, txs, Vec::new(), Some(Vec::new()))
 }
 
 /// A block of `n` transfers (with many conflicts: few senders, one hot recipient), with one
@@ -62,7 +62,7 @@ fn block_with_bad(
     bad: usize,
     make_bad: impl Fn(&Key, u64) -> Recovered<TxEnvelope>,
     gas_limit: u64,
-) -> RecoveredBlock {
+) -> BlockWithSenders {
     let mut nonces = vec![0u64; generator.senders.len()];
     for (i, k) in generator.senders.iter().enumerate() {
         nonces[i] = state.accounts[&k.address].info.nonce;
@@ -96,7 +96,7 @@ fn block_with_inserted(
     state: &MemState,
     n: usize,
     extra: Vec<(usize, Recovered<TxEnvelope>)>,
-) -> RecoveredBlock {
+) -> BlockWithSenders {
     let base = block_with_bad(
         generator,
         state,
@@ -256,7 +256,7 @@ fn invalid_transactions_give_the_sequential_error() {
     let executors = [parallel(2), parallel(3), parallel(4)];
     let n = 120;
     for bad in [0, 1, 37, 60, n - 2, n - 1] {
-        let cases: Vec<(&str, RecoveredBlock)> = vec![
+        let cases: Vec<(&str, BlockWithSenders)> = vec![
             (
                 "nonce gap",
                 block_with_bad(
@@ -376,7 +376,7 @@ fn conflicting_block(
     state: &MemState,
     contract: Address,
     n: usize,
-) -> RecoveredBlock {
+) -> BlockWithSenders {
     let mut nonces: Vec<u64> = generator
         .senders
         .iter()
@@ -711,7 +711,7 @@ fn storage_read_panics() {
                     .map(|i| {
                         let mut txs = block.transactions.clone();
                         txs.remove(i);
-                        RecoveredBlock::from_parts(
+                        BlockWithSenders::from_parts(
                             block.header.clone(),
                             txs,
                             Vec::new(),

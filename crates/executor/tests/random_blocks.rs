@@ -10,8 +10,8 @@ mod common;
 use alloy_consensus::{TxEip1559, TxEnvelope, transaction::Recovered};
 use alloy_primitives::{Address, Bytes, TxKind, U256};
 use common::{CHAIN_ID, Fork, Gen, Key, assert_equal, parallel, parallel_eager, seed_base, soak};
-use overdrive_executor::{BlockExecutor, BlockOutput, ParallelExecutor, SequentialExecutor};
-use overdrive_primitives::{MemState, RecoveredBlock};
+use overdrive_executor::{BlockOutput, ExecuteBlock, ParallelExecutor, SequentialExecutor};
+use overdrive_primitives::{BlockWithSenders, MemState};
 use rand::{Rng, seq::IndexedRandom};
 use revm::database::BundleState;
 
@@ -144,7 +144,7 @@ struct SinkChain {
     sink: Address,
     key: Key,
     nonce: u64,
-    template: RecoveredBlock,
+    template: BlockWithSenders,
 }
 
 /// A chain of the generator whose kitchen sink `contracts[sink]` holds an ether (enough for
@@ -212,8 +212,8 @@ impl SinkChain {
         self.tx(i, self.sink, 0, input, gas)
     }
 
-    fn block(&self, txs: Vec<Recovered<TxEnvelope>>) -> RecoveredBlock {
-        RecoveredBlock::from_parts(
+    fn block(&self, txs: Vec<Recovered<TxEnvelope>>) -> BlockWithSenders {
+        BlockWithSenders::from_parts(
             self.template.header.clone(),
             txs,
             Vec::new(),
@@ -222,7 +222,7 @@ impl SinkChain {
     }
 
     /// The sequential output, every transaction succeeded.
-    fn execute(&self, block: &RecoveredBlock) -> BlockOutput {
+    fn execute(&self, block: &BlockWithSenders) -> BlockOutput {
         let out = SequentialExecutor
             .execute(&self.generator.spec, block, &self.state)
             .expect("valid");
@@ -230,7 +230,7 @@ impl SinkChain {
         out
     }
 
-    fn assert_parallel_equal(&self, block: &RecoveredBlock, threads: &[usize], what: &str) {
+    fn assert_parallel_equal(&self, block: &BlockWithSenders, threads: &[usize], what: &str) {
         for &t in threads {
             assert_equal(&parallel(t), &self.generator.spec, block, &self.state, what)
                 .expect("valid");
@@ -451,7 +451,7 @@ fn destroy_and_recreate_races() {
                 }));
                 nonces[s] += 1;
             }
-            let block = RecoveredBlock::from_parts(
+            let block = BlockWithSenders::from_parts(
                 template.header.clone(),
                 txs,
                 Vec::new(),

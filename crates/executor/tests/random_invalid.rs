@@ -25,8 +25,8 @@ use alloy_consensus::{
 };
 use alloy_eips::eip7825::MAX_TX_GAS_LIMIT_OSAKA;
 use common::{Fork, Gen, assert_equal, parallel, seed_base, soak};
-use overdrive_executor::{BlockExecutor, SequentialExecutor};
-use overdrive_primitives::{MemState, RecoveredBlock};
+use overdrive_executor::{ExecuteBlock, SequentialExecutor};
+use overdrive_primitives::{BlockWithSenders, MemState};
 use rand::Rng;
 use revm::primitives::U256;
 use std::collections::BTreeMap;
@@ -66,12 +66,12 @@ fn gas_before(receipts: &[alloy_consensus::ReceiptEnvelope]) -> Vec<u64> {
 
 /// `block` with its header changed by `f` (the hash follows the header).
 fn with_header(
-    block: &RecoveredBlock,
+    block: &BlockWithSenders,
     f: impl FnOnce(&mut alloy_consensus::Header),
-) -> RecoveredBlock {
+) -> BlockWithSenders {
     let mut header = block.header.clone();
     f(&mut header);
-    RecoveredBlock::from_parts(
+    BlockWithSenders::from_parts(
         header,
         block.transactions.clone(),
         block.ommers.clone(),
@@ -81,10 +81,10 @@ fn with_header(
 
 /// `block` with other transactions.
 fn with_transactions(
-    block: &RecoveredBlock,
+    block: &BlockWithSenders,
     transactions: Vec<alloy_consensus::transaction::Recovered<alloy_consensus::TxEnvelope>>,
-) -> RecoveredBlock {
-    RecoveredBlock::from_parts(
+) -> BlockWithSenders {
+    BlockWithSenders::from_parts(
         block.header.clone(),
         transactions,
         block.ommers.clone(),
@@ -135,10 +135,10 @@ fn with_gas_limit(
 /// that is known in advance (`Some(true)`: valid; `Some(false)`: rejected).
 fn changes(
     generator: &mut Gen,
-    block: &RecoveredBlock,
+    block: &BlockWithSenders,
     state: &MemState,
     receipts: &[alloy_consensus::ReceiptEnvelope],
-) -> Vec<(Change, RecoveredBlock, Option<MemState>, Option<bool>)> {
+) -> Vec<(Change, BlockWithSenders, Option<MemState>, Option<bool>)> {
     let txs = &block.transactions;
     let n = txs.len();
     let mut out = Vec::new();

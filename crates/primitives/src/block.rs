@@ -5,7 +5,7 @@ use alloy_eips::eip4895::Withdrawal;
 use alloy_primitives::{Address, B256};
 use alloy_rlp::Decodable;
 
-/// Why a block could not be turned into a [`RecoveredBlock`].
+/// Why a block could not be turned into a [`BlockWithSenders`].
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
     /// The RLP did not decode as a block (or had trailing bytes).
@@ -33,7 +33,7 @@ pub enum BlockError {
 /// A block with recovered senders. Executors take this; recovery happens once, up front (and
 /// can be done in parallel by the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecoveredBlock {
+pub struct BlockWithSenders {
     /// The block header.
     pub header: Header,
     /// Transactions in block order, each with its sender.
@@ -46,7 +46,7 @@ pub struct RecoveredBlock {
     pub hash: B256,
 }
 
-impl RecoveredBlock {
+impl BlockWithSenders {
     /// Builds a block from parts, recovering senders. Signatures must be canonical (low `s`).
     pub fn recover(block: Block<TxEnvelope>) -> Result<Self, BlockError> {
         let Block {
@@ -169,7 +169,7 @@ mod tests {
             blob_versioned_hashes: vec![B256::with_last_byte(1)],
             ..Default::default()
         };
-        let bare = RecoveredBlock::decode(&block_with(TxEip4844Variant::TxEip4844(tx.clone())));
+        let bare = BlockWithSenders::decode(&block_with(TxEip4844Variant::TxEip4844(tx.clone())));
         assert!(
             !matches!(bare, Err(BlockError::BlobSidecarInBlock { .. })),
             "{bare:?}"
@@ -181,7 +181,7 @@ mod tests {
         let signed = full.clone().into_signed(Signature::test_signature());
         assert!(TxEnvelope::from(signed).recover_signer().is_ok());
         assert!(matches!(
-            RecoveredBlock::decode(&block_with(full)),
+            BlockWithSenders::decode(&block_with(full)),
             Err(BlockError::BlobSidecarInBlock { index: 0 })
         ));
     }

@@ -19,7 +19,7 @@ use std::path::Path;
 
 /// Errors loading a chain specification.
 #[derive(Debug, thiserror::Error)]
-pub enum ChainSpecError {
+pub enum ChainParamsError {
     /// The genesis file could not be read.
     #[error("cannot read genesis file {path}: {source}")]
     Io {
@@ -60,7 +60,7 @@ pub enum ChainSpecError {
 /// spec implements alloy's `EthereumHardforks` and `EthExecutorSpec`, so the reference
 /// executor and every overdrive executor read the same schedule.
 #[derive(Debug, Clone)]
-pub struct ChainSpec {
+pub struct ChainParams {
     /// EIP-155 chain id.
     pub chain_id: u64,
     /// Activation of each fork; forks not listed never activate.
@@ -80,7 +80,7 @@ pub struct ChainSpec {
 /// tests, the node and scripts can sign without any wallet tooling.
 pub const DEV_ACCOUNT_COUNT: usize = 10;
 
-impl ChainSpec {
+impl ChainParams {
     /// Ethereum mainnet's fork schedule and genesis header parameters.
     ///
     /// The mainnet genesis allocation (8,893 accounts) is not shipped with overdrive; pass a
@@ -124,14 +124,14 @@ impl ChainSpec {
 
     /// Mainnet with its genesis allocation read from `path`, a JSON map of address to balance
     /// (what `scripts/setup-genesis.sh` exports from the `@ethereumjs/genesis` npm package).
-    pub fn mainnet_with_alloc_file(path: &Path) -> Result<Self, ChainSpecError> {
+    pub fn mainnet_with_alloc_file(path: &Path) -> Result<Self, ChainParamsError> {
         let display = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| ChainSpecError::Io {
+        let bytes = std::fs::read(path).map_err(|source| ChainParamsError::Io {
             path: display.clone(),
             source,
         })?;
         let balances: std::collections::BTreeMap<Address, U256> = serde_json::from_slice(&bytes)
-            .map_err(|source| ChainSpecError::Json {
+            .map_err(|source| ChainParamsError::Json {
                 path: display,
                 source,
             })?;
@@ -153,7 +153,7 @@ impl ChainSpec {
 
     /// A local development chain: every fork through Prague active at genesis, the system
     /// contracts of EIP-4788/2935/7002/7251 predeployed, and [`DEV_ACCOUNT_COUNT`] funded
-    /// accounts whose keys are [`ChainSpec::dev_private_key`].
+    /// accounts whose keys are [`ChainParams::dev_private_key`].
     pub fn dev() -> Self {
         let mut alloc = std::collections::BTreeMap::new();
         let funds = U256::from(10u128.pow(24)); // one million ether each
@@ -194,7 +194,7 @@ impl ChainSpec {
         Self::from_genesis(genesis)
     }
 
-    /// The private key of dev account `i` (see [`ChainSpec::dev`]).
+    /// The private key of dev account `i` (see [`ChainParams::dev`]).
     pub fn dev_private_key(i: usize) -> B256 {
         alloy_primitives::keccak256(format!("overdrive dev account {i}"))
     }
@@ -271,7 +271,7 @@ impl ChainSpec {
     }
 
     /// Loads `mainnet`, `dev`, or a genesis.json path.
-    pub fn load(name_or_path: &str) -> Result<Self, ChainSpecError> {
+    pub fn load(name_or_path: &str) -> Result<Self, ChainParamsError> {
         match name_or_path {
             "mainnet" => Ok(Self::mainnet()),
             "dev" => Ok(Self::dev()),
@@ -280,23 +280,23 @@ impl ChainSpec {
             path if Path::new(path).exists() || path.contains('/') || path.ends_with(".json") => {
                 Self::from_genesis_file(Path::new(path))
             }
-            other => Err(ChainSpecError::Unknown(other.to_string())),
+            other => Err(ChainParamsError::Unknown(other.to_string())),
         }
     }
 
     /// Reads a geth-style genesis.json.
-    pub fn from_genesis_file(path: &Path) -> Result<Self, ChainSpecError> {
+    pub fn from_genesis_file(path: &Path) -> Result<Self, ChainParamsError> {
         let display = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| ChainSpecError::Io {
+        let bytes = std::fs::read(path).map_err(|source| ChainParamsError::Io {
             path: display.clone(),
             source,
         })?;
-        let json = |source| ChainSpecError::Json {
+        let json = |source| ChainParamsError::Json {
             path: display.clone(),
             source,
         };
         let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(json)?;
-        let invalid = |reason: &str| ChainSpecError::Invalid {
+        let invalid = |reason: &str| ChainParamsError::Invalid {
             path: display.clone(),
             reason: reason.to_string(),
         };
@@ -393,7 +393,7 @@ impl ChainSpec {
     }
 }
 
-impl EthereumHardforks for ChainSpec {
+impl EthereumHardforks for ChainParams {
     fn ethereum_fork_activation(&self, fork: EthereumHardfork) -> ForkCondition {
         self.hardforks
             .iter()
@@ -403,7 +403,7 @@ impl EthereumHardforks for ChainSpec {
     }
 }
 
-impl EthExecutorSpec for ChainSpec {
+impl EthExecutorSpec for ChainParams {
     fn deposit_contract_address(&self) -> Option<Address> {
         self.deposit_contract_address
     }
@@ -433,7 +433,7 @@ pub fn merged_chain_config(chain_id: u64) -> ChainConfig {
 
 /// Address of dev account `i`.
 pub fn dev_address(i: usize) -> Address {
-    let key = ChainSpec::dev_private_key(i);
+    let key = ChainParams::dev_private_key(i);
     let secret =
         secp256k1::SecretKey::from_slice(key.as_slice()).expect("keccak output is a valid key");
     let public = secp256k1::PublicKey::from_secret_key(secp256k1::SECP256K1, &secret);
@@ -469,7 +469,7 @@ mod tests {
 
     #[test]
     fn mainnet_blob_parameters_follow_its_forks() {
-        let spec = ChainSpec::mainnet();
+        let spec = ChainParams::mainnet();
         let at = |fork| match spec.ethereum_fork_activation(fork) {
             ForkCondition::Timestamp(time) => spec.blob_params_at(time),
             other => panic!("{fork:?} activates at {other:?}"),
@@ -500,7 +500,7 @@ mod tests {
         genesis.config.osaka_time = Some(0);
         genesis.config.bpo1_time = Some(100);
         genesis.config.blob_schedule.insert("bpo1".into(), custom);
-        let spec = ChainSpec::from_genesis(genesis);
+        let spec = ChainParams::from_genesis(genesis);
         assert!(spec.is_bpo1_active_at_timestamp(100));
         assert_eq!(spec.blob_params_at(99), Some(BlobParams::osaka()));
         assert_eq!(

@@ -1,11 +1,11 @@
 //! Shared types for every overdrive component.
 //!
-//! - [`ChainSpec`]: the fork schedule (by block number and timestamp), presets `mainnet` and
+//! - [`ChainParams`]: the fork schedule (by block number and timestamp), presets `mainnet` and
 //!   `dev`, and loading of a geth-style `genesis.json`.
 //! - [`MemState`]: a plain in-memory world state that implements revm's `DatabaseRef` and
 //!   applies a `BundleState`; the reference state that tests, benchmarks and the ef-tests runner
 //!   execute against until the MDBX store exists.
-//! - [`RecoveredBlock`]: a block whose transaction senders are already recovered, the input of
+//! - [`BlockWithSenders`]: a block whose transaction senders are already recovered, the input of
 //!   every executor.
 //! - [`prefetch`]: a cache prefetch hint for code that walks large tables.
 //! - [`soak`]: whether the long randomized test runs were asked for.
@@ -15,9 +15,9 @@ mod chain_spec;
 mod mem;
 mod state;
 
-pub use block::{BlockError, RecoveredBlock};
+pub use block::{BlockError, BlockWithSenders};
 pub use chain_spec::{
-    ChainSpec, ChainSpecError, DEV_ACCOUNT_COUNT, dev_address, merged_chain_config,
+    ChainParams, ChainParamsError, DEV_ACCOUNT_COUNT, dev_address, merged_chain_config,
 };
 pub use mem::prefetch;
 pub use state::{MemAccount, MemState, bytecode_from_raw};

@@ -8,7 +8,7 @@
 //! writes it at its path, or merges a lone extension or leaf child into itself when deletions
 //! leave it with one child.
 //!
-//! Hashes may be taken later than the writes (see [`Out`]): a node's reference is then
+//! Hashes may be taken later than the writes (see [`WorkerOutput`]): a node's reference is then
 //! [`Ref::Pending`] until its trie, or the parallel task that built it, settles.
 
 use crate::{
@@ -30,17 +30,17 @@ pub(crate) trait LeafOp: Sync {
 }
 
 /// What one trie update reads from.
-pub(crate) struct Ctx<'a, S> {
+pub(crate) struct UpdateSource<'a, S> {
     pub store: &'a S,
     pub trie: TrieId,
     /// Subtrees with at least this many pending updates fan their children out across the
     /// pool; `usize::MAX` keeps everything on the calling thread.
     pub split_at: usize,
-    /// Whether hashes are taken in batches (see [`Out`]).
+    /// Whether hashes are taken in batches (see [`WorkerOutput`]).
     pub defer: bool,
 }
 
-impl<'s, S: NodeStore> Ctx<'s, S> {
+impl<'s, S: NodeStore> UpdateSource<'s, S> {
     fn get(&self, path: &Nibbles) -> Result<Option<Cow<'s, StoredNode>>, TrieError> {
         self.store.get(self.trie, path).map_err(TrieError::store)
     }
@@ -98,8 +98,8 @@ impl<'s, S: NodeStore> Ctx<'s, S> {
     }
 }
 
-/// A child's reference during an update: final, or the index of a node of the same [`Out`]
-/// whose hash is taken later, together with others (see [`Out::resolve`]).
+/// A child's reference during an update: final, or the index of a node of the same [`WorkerOutput`]
+/// whose hash is taken later, together with others (see [`WorkerOutput::resolve`]).
 #[derive(Clone, Debug)]
 pub(crate) enum Ref {
     Known(RlpNode),
@@ -115,7 +115,7 @@ impl Ref {
     }
 }
 
-/// Values that hold references of an [`Out`]'s pending nodes.
+/// Values that hold references of a [`WorkerOutput`]'s pending nodes.
 trait HasRefs {
     fn map_refs(self, f: impl FnMut(Ref) -> Ref) -> Self;
 }
@@ -132,7 +132,7 @@ struct Pending {
     /// 0 without pending children, else one more than the highest of theirs: nodes of one
     /// height never depend on each other.
     height: u8,
-    /// Its write in [`Out::nodes`].
+    /// Its write in [`WorkerOutput::nodes`].
     write: WriteSlot,
     /// Its encoding in [`Scratch::bytes`].
     bytes: (u32, u32),
@@ -158,14 +158,15 @@ const PLACEHOLDER_REF: RlpNode = {
 };
 
 /// The buffers of deferred hashing, a few megabytes in a large block: kept per thread between
-/// updates (see [`Out::new`]) so that each block reuses memory the allocator already holds
+/// updates (see [`WorkerOutput::new`]) so that each block reuses memory the allocator already holds
 /// instead of faulting in fresh pages.
 #[derive(Debug, Default)]
 struct Scratch {
     pending: Vec<Pending>,
     bytes: Vec<u8>,
     patches: Vec<Patch>,
-    /// Hashes of resolved pending nodes, by index, until [`Out::settle`] is done with them.
+    /// Hashes of resolved pending nodes, by index, until [`WorkerOutput::settle`] is done with
+    /// them.
     hashes: Vec<B256>,
     /// Pending nodes ordered by height, and the keccak batches' order.
     order: Vec<u32>,
@@ -191,10 +192,10 @@ thread_local! {
 /// reused for every node it encodes.
 ///
 /// With `defer`, nodes of 32 bytes or more are written when finished but hashed only when
-/// [`Out::settle`] runs: then every pending node of one height is hashed in one batch (see
+/// [`WorkerOutput::settle`] runs: then every pending node of one height is hashed in one batch (see
 /// `keccak.rs`), several times cheaper than one by one where the CPU hashes eight at once.
 #[derive(Debug)]
-pub(crate) struct Out {
+pub(crate) struct WorkerOutput {
     pub nodes: NodeUpdates,
     pub keccak_calls: u64,
     rlp: Vec<u8>,
@@ -242,7 +243,7 @@ impl Drop for Pooled {
     }
 }
 
-impl Out {
+impl WorkerOutput {
     pub(crate) fn new(defer: bool) -> Self {
         let scratch = if defer {
             Pooled::take()
@@ -420,7 +421,8 @@ impl Out {
     }
 
     /// Hashes every pending node, height by height, and fills in the references of their
-    /// writes. The hashes stay readable through [`Out::known`] until [`Out::settle`] ends.
+    /// writes. The hashes stay readable through [`WorkerOutput::known`] until
+    /// [`WorkerOutput::settle`] ends.
     fn resolve(&mut self) {
         let Scratch {
             pending,
@@ -503,7 +505,7 @@ impl Out {
         patches.clear();
     }
 
-    /// The final reference of `r`, once [`Out::resolve`] has run.
+    /// The final reference of `r`, once [`WorkerOutput::resolve`] has run.
     fn known(&self, r: &Ref) -> RlpNode {
         match r {
             Ref::Known(reference) => reference.clone(),
@@ -533,9 +535,9 @@ const RESOLVE_IN_TASK: usize = if cfg!(test) { 4 } else { 256 };
 /// instead of in the caller's merge loop.
 fn run_task<T: HasRefs>(
     defer: bool,
-    task: impl FnOnce(&mut Out) -> Result<T, TrieError>,
-) -> Result<(T, Out), TrieError> {
-    let mut local = Out::new(defer);
+    task: impl FnOnce(&mut WorkerOutput) -> Result<T, TrieError>,
+) -> Result<(T, WorkerOutput), TrieError> {
+    let mut local = WorkerOutput::new(defer);
     let value = task(&mut local)?;
     let value = if local.pending_count() >= RESOLVE_IN_TASK {
         local.settle(value)
@@ -546,7 +548,7 @@ fn run_task<T: HasRefs>(
 }
 
 /// Merges a task's output (from [`run_task`]) into the caller's.
-fn merge_task<T: HasRefs>(out: &mut Out, local: Out, value: T) -> T {
+fn merge_task<T: HasRefs>(out: &mut WorkerOutput, local: WorkerOutput, value: T) -> T {
     let offset = out.merge(local);
     value.map_refs(|r| r.shifted(offset))
 }
@@ -603,10 +605,10 @@ pub(crate) enum RootChange {
 /// Applies `updates` (sorted by key, keys unique) to one trie. `wiped` starts from an empty
 /// trie whatever the store holds.
 pub(crate) fn update_trie<S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     updates: &[(Nibbles, O)],
     wiped: bool,
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<RootChange, TrieError> {
     let root = Nibbles::new();
     let existing = if wiped { None } else { ctx.get(&root)? };
@@ -641,7 +643,7 @@ pub(crate) fn root_of_node(root: Option<&StoredNode>) -> B256 {
 
 /// The value stored under `key`, found by walking from the root.
 pub(crate) fn get_value<S: NodeStore>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     key: &Nibbles,
 ) -> Result<Option<Value>, TrieError> {
     let mut path = Nibbles::new();
@@ -676,11 +678,11 @@ pub(crate) fn get_value<S: NodeStore>(
 }
 
 fn update_node<S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     path: Nibbles,
     existing: Option<&Node>,
     updates: &[(Nibbles, O)],
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<Sub, TrieError> {
     if updates.is_empty() {
         return Ok(if existing.is_some() {
@@ -710,12 +712,12 @@ fn update_node<S: NodeStore, O: LeafOp>(
 }
 
 fn update_leaf<S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     path: Nibbles,
     key: Nibbles,
     value: &Value,
     updates: &[(Nibbles, O)],
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<Sub, TrieError> {
     let full = path.join(&key);
     // The common case: the one update is to this leaf's own key.
@@ -761,12 +763,12 @@ fn update_leaf<S: NodeStore, O: LeafOp>(
 }
 
 fn update_extension<S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     path: Nibbles,
     key: Nibbles,
     child: RlpNode,
     updates: &[(Nibbles, O)],
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<Sub, TrieError> {
     let depth = path.len();
     let full = path.join(&key);
@@ -895,11 +897,11 @@ fn single_nibble(nibble: u8) -> Nibbles {
 }
 
 fn update_branch<S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     path: Nibbles,
     branch: BranchIn,
     updates: &[(Nibbles, O)],
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<Sub, TrieError> {
     let depth = path.len();
     let mut changed = false;
@@ -979,7 +981,7 @@ fn update_branch<S: NodeStore, O: LeafOp>(
     // Results of the children that have updates, by nibble.
     let mut results: [Option<Sub>; 16] = std::array::from_fn(|_| None);
     if updates.len() >= ctx.split_at && groups.len > 1 {
-        let outputs: Vec<Result<(Sub, Out), TrieError>> = groups
+        let outputs: Vec<Result<(Sub, WorkerOutput), TrieError>> = groups
             .as_slice()
             .par_iter()
             .with_max_len(1)
@@ -1121,10 +1123,10 @@ fn update_branch<S: NodeStore, O: LeafOp>(
 
 /// Builds the subtree of keys that do not exist yet.
 fn build_from_ops<S: NodeStore, O: LeafOp>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     path: Nibbles,
     updates: &[(Nibbles, O)],
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<Sub, TrieError> {
     if let [(key, op)] = updates {
         out.value.clear();
@@ -1158,10 +1160,10 @@ fn build_from_ops<S: NodeStore, O: LeafOp>(
 
 /// Builds the subtree of `entries` (sorted, unique, all under `path`) from nothing.
 fn build_fresh<S: NodeStore>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     path: Nibbles,
     entries: &[(Nibbles, Value)],
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<Sub, TrieError> {
     let depth = path.len();
     match entries {
@@ -1186,10 +1188,10 @@ fn build_fresh<S: NodeStore>(
 /// Builds the branch at `path` over at least two entries that diverge at `path` (or one of
 /// which ends there), with its subtree; returns its reference.
 fn build_branch<S: NodeStore>(
-    ctx: &Ctx<'_, S>,
+    ctx: &UpdateSource<'_, S>,
     path: Nibbles,
     entries: &[(Nibbles, Value)],
-    out: &mut Out,
+    out: &mut WorkerOutput,
 ) -> Result<Ref, TrieError> {
     let depth = path.len();
     let (value, rest) = match entries.split_first() {
@@ -1197,7 +1199,7 @@ fn build_branch<S: NodeStore>(
         _ => (None, entries),
     };
     let groups = nibble_groups(rest, depth);
-    let build_child = |nibble: u8, start: usize, end: usize, out: &mut Out| {
+    let build_child = |nibble: u8, start: usize, end: usize, out: &mut WorkerOutput| {
         let child = child_path(&path, nibble);
         match build_fresh(ctx, child, &rest[start..end], out)? {
             Sub::Branch(reference) => Ok(reference),
@@ -1211,7 +1213,7 @@ fn build_branch<S: NodeStore>(
 
     let mut children: [Ref; 16] = std::array::from_fn(|_| Ref::Known(RlpNode::default()));
     if rest.len() >= ctx.split_at && groups.len > 1 {
-        let results: Vec<Result<(Ref, Out), TrieError>> = groups
+        let results: Vec<Result<(Ref, WorkerOutput), TrieError>> = groups
             .as_slice()
             .par_iter()
             .with_max_len(1)

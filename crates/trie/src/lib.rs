@@ -1,12 +1,12 @@
 //! overdrive-trie: the Merkle-Patricia state root of overdrive.
 //!
 //! - [`StateTrie`]: the account trie and every storage trie kept node by node in a
-//!   [`NodeStore`] (by path; [`MemNodeStore`] in memory). Each block's [`HashedPostState`] is
+//!   [`NodeStore`] (by path; [`MemNodeStore`] in memory). Each block's [`HashedStateChanges`] is
 //!   applied top-down, re-encoding and re-hashing only the nodes on changed paths, with all
 //!   storage tries and then the account trie spread over a persistent worker pool (each worker
 //!   unpinned unless [`TrieConfig::pin_workers`] asks for a core each) and split by nibble
 //!   wherever a subtree has many updates. The output is the new root plus the node
-//!   writes and deletes to persist ([`TrieUpdates`]).
+//!   writes and deletes to persist ([`StateTrieUpdates`]).
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
 //!   its children's stored references and only the nodes on changed paths are rewritten.
 //!   Changed nodes are hashed in batches, height by height, eight per pass where the CPU has
@@ -32,10 +32,10 @@ pub use error::TrieError;
 pub use metrics::describe_metrics;
 pub use node::{Node, NodeDecodeError, StoredNode, Value};
 pub use raw::RawTrie;
-pub use state::{HashedAccount, HashedPostState, HashedStorage};
+pub use state::{HashedAccount, HashedStateChanges, HashedStorageChanges};
 pub use state_trie::{StateRootOutput, StateTrie, TrieConfig, TrieStats};
 pub use store::{
-    ChildNodes, MemNodeStore, NodeStore, NodeUpdates, StorageTrieUpdates, TrieId, TrieUpdates,
+    ChildNodes, MemNodeStore, NodeStore, NodeUpdates, StateTrieUpdates, StorageNodeUpdates, TrieId,
 };
 
 /// Types from alloy-trie that appear in this crate's API.

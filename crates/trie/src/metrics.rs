@@ -52,14 +52,14 @@ pub(crate) fn record_root(stats: &TrieStats, elapsed: Duration, threads: usize) 
 
 #[cfg(test)]
 mod tests {
-    use crate::{HashedAccount, HashedPostState, MemNodeStore, StateTrie, TrieConfig};
+    use crate::{HashedAccount, HashedStateChanges, MemNodeStore, StateTrie, TrieConfig};
     use alloy_primitives::{B256, U256};
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     use revm::primitives::KECCAK_EMPTY;
 
     #[test]
     fn each_root_is_recorded_with_its_work() {
-        let mut diff = HashedPostState::default();
+        let mut diff = HashedStateChanges::default();
         for i in 1..=40u8 {
             let account = HashedAccount {
                 nonce: 1,

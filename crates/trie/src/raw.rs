@@ -3,9 +3,11 @@
 //! what the ethereum/tests `TrieTests` vectors exercise.
 
 use crate::{
-    engine::{Ctx, LeafOp, Out, RootChange, get_value, root_of_node, update_trie},
+    engine::{
+        LeafOp, RootChange, UpdateSource, WorkerOutput, get_value, root_of_node, update_trie,
+    },
     error::TrieError,
-    store::{MemNodeStore, NodeStore, TrieId, TrieUpdates},
+    store::{MemNodeStore, NodeStore, StateTrieUpdates, TrieId},
 };
 use alloy_primitives::B256;
 use alloy_trie::Nibbles;
@@ -66,7 +68,7 @@ impl<S: NodeStore> RawTrie<S> {
     pub fn update<K, V>(
         &mut self,
         items: impl IntoIterator<Item = (K, Option<V>)>,
-    ) -> Result<TrieUpdates, TrieError>
+    ) -> Result<StateTrieUpdates, TrieError>
     where
         K: AsRef<[u8]>,
         V: AsRef<[u8]>,
@@ -79,15 +81,15 @@ impl<S: NodeStore> RawTrie<S> {
             .iter()
             .map(|(key, value)| (*key, RawOp(value.as_ref().map(AsRef::as_ref))))
             .collect();
-        let ctx = Ctx {
+        let ctx = UpdateSource {
             store: &self.store,
             trie: TrieId::Account,
             split_at: usize::MAX,
             defer: crate::keccak::batched(),
         };
-        let mut out = Out::new(ctx.defer);
+        let mut out = WorkerOutput::new(ctx.defer);
         let change = update_trie(&ctx, &ops, false, &mut out)?;
-        let updates = TrieUpdates {
+        let updates = StateTrieUpdates {
             account_nodes: out.nodes,
             ..Default::default()
         };
@@ -100,7 +102,7 @@ impl<S: NodeStore> RawTrie<S> {
 
     /// The value under `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, TrieError> {
-        let ctx = Ctx {
+        let ctx = UpdateSource {
             store: &self.store,
             trie: TrieId::Account,
             split_at: usize::MAX,
@@ -538,7 +540,7 @@ pub(crate) mod tests {
     /// A trie over a store holding exactly `nodes`, written as a corrupted database would
     /// hand them back.
     fn corrupted(nodes: Vec<(Nibbles, StoredNode)>) -> RawTrie {
-        let mut updates = TrieUpdates::default();
+        let mut updates = StateTrieUpdates::default();
         for (path, node) in nodes {
             updates.account_nodes.push_write(path, node);
         }

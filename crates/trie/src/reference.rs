@@ -1,7 +1,7 @@
 //! The reference roots: a full alloy-trie [`HashBuilder`] build over the sorted leaf set, the
 //! definition every faster root in overdrive is tested against.
 
-use crate::state::HashedPostState;
+use crate::state::HashedStateChanges;
 use alloy_primitives::{B256, U256, keccak256, map::HashMap};
 use alloy_trie::{BranchNodeCompact, EMPTY_ROOT_HASH, HashBuilder, Nibbles, TrieAccount, TrieMask};
 use overdrive_primitives::MemState;
@@ -72,8 +72,8 @@ pub fn state_root(state: &MemState) -> B256 {
 }
 
 /// State root of a hashed full state, given as a diff against the empty trie (as
-/// [`HashedPostState::from_state`] makes): deleted accounts and zero slots are absent.
-pub fn post_state_root(state: &HashedPostState) -> B256 {
+/// [`HashedStateChanges::from_state`] makes): deleted accounts and zero slots are absent.
+pub fn post_state_root(state: &HashedStateChanges) -> B256 {
     hashed_state_root(state.accounts.iter().filter_map(|(address, account)| {
         let account = account.as_ref()?;
         let root = state.storages.get(address).map_or(EMPTY_ROOT_HASH, |s| {
@@ -192,7 +192,7 @@ mod tests {
             }));
         assert_eq!(state_root(&state), expected);
         assert_eq!(
-            post_state_root(&HashedPostState::from_state(&state)),
+            post_state_root(&HashedStateChanges::from_state(&state)),
             expected
         );
     }

@@ -28,7 +28,7 @@ impl From<&AccountInfo> for HashedAccount {
 
 /// Changes to one account's storage.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HashedStorage {
+pub struct HashedStorageChanges {
     /// Drop all existing slots before applying `slots` (self-destruct; with `slots`, a
     /// self-destruct and re-create in one block).
     pub wiped: bool,
@@ -38,14 +38,14 @@ pub struct HashedStorage {
 
 /// One block's (or any span's) state changes, keyed by keccak of address and slot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HashedPostState {
+pub struct HashedStateChanges {
     /// New account values; `None` deletes the account and its storage.
     pub accounts: B256Map<Option<HashedAccount>>,
     /// Storage changes by hashed address.
-    pub storages: B256Map<HashedStorage>,
+    pub storages: B256Map<HashedStorageChanges>,
 }
 
-impl HashedPostState {
+impl HashedStateChanges {
     /// The changes a revm bundle describes (its present values).
     ///
     /// An account the bundle marks destroyed gets `wiped = true`, so self-destruct then
@@ -72,7 +72,7 @@ impl HashedPostState {
                     .collect();
                 state
                     .storages
-                    .insert(hashed, HashedStorage { wiped, slots });
+                    .insert(hashed, HashedStorageChanges { wiped, slots });
             }
         }
         state
@@ -94,7 +94,7 @@ impl HashedPostState {
                     .collect();
                 out.storages.insert(
                     hashed,
-                    HashedStorage {
+                    HashedStorageChanges {
                         wiped: false,
                         slots,
                     },
@@ -115,7 +115,7 @@ impl HashedPostState {
             if account.is_none() || deleted_before {
                 self.storages.insert(
                     address,
-                    HashedStorage {
+                    HashedStorageChanges {
                         wiped: true,
                         slots: B256Map::default(),
                     },
@@ -192,7 +192,7 @@ mod tests {
             [],
         );
         bundle.state.get_mut(&c).unwrap().status = AccountStatus::DestroyedChanged;
-        let diff = HashedPostState::from_bundle(&bundle);
+        let diff = HashedStateChanges::from_bundle(&bundle);
 
         assert_eq!(
             diff.accounts[&keccak256(a)],
@@ -216,19 +216,19 @@ mod tests {
         let k = B256::repeat_byte(1);
         let s1 = B256::repeat_byte(2);
         let s2 = B256::repeat_byte(3);
-        let mut first = HashedPostState::default();
+        let mut first = HashedStateChanges::default();
         first.accounts.insert(k, Some(HashedAccount::default()));
         first.storages.insert(
             k,
-            HashedStorage {
+            HashedStorageChanges {
                 wiped: false,
                 slots: B256Map::from_iter([(s1, U256::from(1))]),
             },
         );
-        let mut second = HashedPostState::default();
+        let mut second = HashedStateChanges::default();
         second.storages.insert(
             k,
-            HashedStorage {
+            HashedStorageChanges {
                 wiped: true,
                 slots: B256Map::from_iter([(s2, U256::from(2))]),
             },
@@ -238,7 +238,7 @@ mod tests {
         assert!(st.wiped);
         assert_eq!(st.slots.len(), 1);
         assert_eq!(st.slots[&s2], U256::from(2));
-        let mut third = HashedPostState::default();
+        let mut third = HashedStateChanges::default();
         third.accounts.insert(k, None);
         first.extend(third);
         assert!(first.storages[&k].wiped && first.storages[&k].slots.is_empty());

@@ -2,11 +2,13 @@
 //! on a persistent thread pool.
 
 use crate::{
-    engine::{Ctx, LeafOp, Out, RootChange, get_value, root_of_node, update_trie},
+    engine::{
+        LeafOp, RootChange, UpdateSource, WorkerOutput, get_value, root_of_node, update_trie,
+    },
     error::TrieError,
     node::Value,
-    state::{HashedAccount, HashedPostState, HashedStorage},
-    store::{MemNodeStore, NodeStore, StorageTrieUpdates, TrieId, TrieUpdates},
+    state::{HashedAccount, HashedStateChanges, HashedStorageChanges},
+    store::{MemNodeStore, NodeStore, StateTrieUpdates, StorageNodeUpdates, TrieId},
 };
 use alloy_primitives::{B256, U256, map::B256Map};
 use alloy_rlp::{Decodable, Encodable};
@@ -86,7 +88,7 @@ pub struct StateRootOutput {
     /// The state root after the diff.
     pub root: B256,
     /// The node writes and deletes that take the store from the old state to the new one.
-    pub updates: TrieUpdates,
+    pub updates: StateTrieUpdates,
     /// Counters.
     pub stats: TrieStats,
 }
@@ -191,7 +193,7 @@ fn sort_by_key<T: Send>(items: &mut [(Nibbles, T)], parallel: bool) {
 /// The account trie's updates for `diff`'s accounts, sorted by key, each with the storage root
 /// it had (`None`: the stored leaf's, or empty for a new account) until [`with_storage_roots`]
 /// sets the new ones.
-fn account_ops(diff: &HashedPostState, parallel: bool) -> Vec<(Nibbles, KeyedAccountOp)> {
+fn account_ops(diff: &HashedStateChanges, parallel: bool) -> Vec<(Nibbles, KeyedAccountOp)> {
     let mut accounts: Vec<(Nibbles, KeyedAccountOp)> = diff
         .accounts
         .iter()
@@ -269,7 +271,7 @@ struct StorageResult {
     address: B256,
     wiped: bool,
     root: RootChange,
-    out: Out,
+    out: WorkerOutput,
 }
 
 impl<S: NodeStore> StateTrie<S> {
@@ -336,7 +338,7 @@ impl<S: NodeStore> StateTrie<S> {
 
     /// Applies a diff: computes the new root, writes the node changes to the store, and
     /// returns both. On error nothing is written.
-    pub fn apply(&mut self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
+    pub fn apply(&mut self, diff: &HashedStateChanges) -> Result<StateRootOutput, TrieError> {
         let output = self.compute(diff)?;
         self.commit(&output)?;
         Ok(output)
@@ -354,18 +356,18 @@ impl<S: NodeStore> StateTrie<S> {
     }
 
     /// Computes the root and node changes of `diff` without writing them.
-    pub fn compute(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
+    pub fn compute(&self, diff: &HashedStateChanges) -> Result<StateRootOutput, TrieError> {
         let started = Instant::now();
         let output = self.compute_on_pool(diff)?;
         crate::metrics::record_root(&output.stats, started.elapsed(), self.config.threads);
         Ok(output)
     }
 
-    fn compute_on_pool(&self, diff: &HashedPostState) -> Result<StateRootOutput, TrieError> {
+    fn compute_on_pool(&self, diff: &HashedStateChanges) -> Result<StateRootOutput, TrieError> {
         let parallel = self.config.threads > 1;
         self.pool.install(|| {
             let mut stats = TrieStats::default();
-            let mut updates = TrieUpdates::default();
+            let mut updates = StateTrieUpdates::default();
 
             // Storage tries first, largest first so the big ones start before the pool fills
             // with small ones; the account leaves need their new roots. The account updates
@@ -394,7 +396,7 @@ impl<S: NodeStore> StateTrie<S> {
                 if result.wiped || !result.out.nodes.is_empty() {
                     updates.storage_tries.insert(
                         result.address,
-                        StorageTrieUpdates {
+                        StorageNodeUpdates {
                             wiped: result.wiped,
                             nodes: result.out.nodes,
                         },
@@ -411,7 +413,7 @@ impl<S: NodeStore> StateTrie<S> {
                 {
                     updates.storage_tries.insert(
                         *address,
-                        StorageTrieUpdates {
+                        StorageNodeUpdates {
                             wiped: true,
                             ..Default::default()
                         },
@@ -420,13 +422,13 @@ impl<S: NodeStore> StateTrie<S> {
             }
 
             let accounts = with_storage_roots(accounts, &storage_roots);
-            let ctx = Ctx {
+            let ctx = UpdateSource {
                 store: &self.store,
                 trie: TrieId::Account,
                 split_at: self.split_at(accounts.len()),
                 defer: self.config.batch_hashing,
             };
-            let mut out = Out::new(ctx.defer);
+            let mut out = WorkerOutput::new(ctx.defer);
             let root = match update_trie(&ctx, &accounts, false, &mut out)? {
                 RootChange::Unchanged => self.root,
                 RootChange::Changed(root) => root,
@@ -463,10 +465,10 @@ impl<S: NodeStore> StateTrie<S> {
     /// (those of deleted accounts excepted: the account trie drops them whole).
     fn storage_tries(
         &self,
-        diff: &HashedPostState,
+        diff: &HashedStateChanges,
         parallel: bool,
     ) -> Result<Vec<StorageResult>, TrieError> {
-        let mut jobs: Vec<(&B256, &HashedStorage)> = diff
+        let mut jobs: Vec<(&B256, &HashedStorageChanges)> = diff
             .storages
             .iter()
             .filter(|(address, storage)| {
@@ -476,20 +478,20 @@ impl<S: NodeStore> StateTrie<S> {
             .collect();
         jobs.sort_unstable_by_key(|(address, storage)| (Reverse(storage.slots.len()), **address));
         let run =
-            |(address, storage): &(&B256, &HashedStorage)| -> Result<StorageResult, TrieError> {
+            |(address, storage): &(&B256, &HashedStorageChanges)| -> Result<StorageResult, TrieError> {
                 let mut slots: Vec<(Nibbles, SlotOp)> = storage
                     .slots
                     .iter()
                     .map(|(slot, value)| (Nibbles::unpack(slot), SlotOp(*value)))
                     .collect();
                 sort_by_key(&mut slots, parallel);
-                let ctx = Ctx {
+                let ctx = UpdateSource {
                     store: &self.store,
                     trie: TrieId::Storage(**address),
                     split_at: self.split_at(slots.len()),
                     defer: self.config.batch_hashing,
                 };
-                let mut out = Out::new(ctx.defer);
+                let mut out = WorkerOutput::new(ctx.defer);
                 let root = update_trie(&ctx, &slots, storage.wiped, &mut out)?;
                 Ok(StorageResult {
                     address: **address,
@@ -520,7 +522,7 @@ impl<S: NodeStore> StateTrie<S> {
 
     /// The value stored under a hashed key of one trie, read through the store.
     fn leaf(&self, trie: TrieId, hashed_key: B256) -> Result<Option<Value>, TrieError> {
-        let ctx = Ctx {
+        let ctx = UpdateSource {
             store: &self.store,
             trie,
             split_at: usize::MAX,
@@ -631,7 +633,7 @@ mod tests {
     /// executor's bundle reports it: final values of touched keys, `wiped` when the account
     /// was destroyed during the block. An existing account whose slots alone changed is left
     /// out of the accounts (a storage-only change: only its storage root moves).
-    fn apply_block(model: &mut MemState, ops: &[Op]) -> HashedPostState {
+    fn apply_block(model: &mut MemState, ops: &[Op]) -> HashedStateChanges {
         let mut touched: BTreeMap<Address, (bool, BTreeSet<U256>)> = BTreeMap::new();
         // Accounts whose nonce, balance, code or existence an op changed.
         let mut account_changed: BTreeSet<Address> = BTreeSet::new();
@@ -683,7 +685,7 @@ mod tests {
                 }
             }
         }
-        let mut diff = HashedPostState::default();
+        let mut diff = HashedStateChanges::default();
         for (addr, (wiped, slots)) in touched {
             let hashed = keccak256(addr);
             let Some(account) = model.accounts.get(&addr) else {
@@ -704,7 +706,8 @@ mod tests {
                         )
                     })
                     .collect();
-                diff.storages.insert(hashed, HashedStorage { wiped, slots });
+                diff.storages
+                    .insert(hashed, HashedStorageChanges { wiped, slots });
             }
         }
         diff
@@ -768,7 +771,7 @@ mod tests {
                 .transpose()
         }
 
-        fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error> {
+        fn apply(&mut self, updates: &StateTrieUpdates) -> Result<(), Self::Error> {
             self.replay(TrieId::Account, &updates.account_nodes)?;
             for (owner, storage) in &updates.storage_tries {
                 let trie = TrieId::Storage(*owner);
@@ -824,7 +827,7 @@ mod tests {
     /// alloy-trie's HashBuilder builds from the leaves.
     fn assert_nodes_match_fresh_build(trie: &StateTrie, model: &MemState) {
         let mut fresh = super::tests::trie(1, 64);
-        fresh.apply(&HashedPostState::from_state(model)).unwrap();
+        fresh.apply(&HashedStateChanges::from_state(model)).unwrap();
         assert_eq!(fresh.root(), trie.root());
         let (ours, theirs) = (trie.store(), fresh.store());
         assert_eq!(
@@ -965,7 +968,7 @@ mod tests {
             code_hash: KECCAK_EMPTY,
         };
         let address = |i: u8| B256::repeat_byte(i);
-        let mut diff = HashedPostState::default();
+        let mut diff = HashedStateChanges::default();
         diff.accounts.insert(address(0x20), Some(account));
         diff.accounts.insert(address(0x40), None);
         diff.accounts.insert(address(0x60), Some(account));
@@ -999,7 +1002,7 @@ mod tests {
     fn empty_trie_and_noop_diffs() {
         let mut t = trie(2, 2);
         assert_eq!(t.root(), EMPTY_ROOT_HASH);
-        let out = t.apply(&HashedPostState::default()).unwrap();
+        let out = t.apply(&HashedStateChanges::default()).unwrap();
         assert_eq!(out.root, EMPTY_ROOT_HASH);
         assert!(out.updates.is_empty());
 
@@ -1052,10 +1055,10 @@ mod tests {
         .unwrap();
         let before = t.root();
         let ghost = keccak256(address(9));
-        let mut diff = HashedPostState::default();
+        let mut diff = HashedStateChanges::default();
         diff.storages.insert(
             ghost,
-            HashedStorage {
+            HashedStorageChanges {
                 wiped: false,
                 slots: B256Map::from_iter([(B256::ZERO, U256::from(1))]),
             },
@@ -1088,7 +1091,7 @@ mod tests {
             },
         );
         let mut t = trie(2, 2);
-        t.apply(&HashedPostState::from_state(&model)).unwrap();
+        t.apply(&HashedStateChanges::from_state(&model)).unwrap();
         assert_eq!(t.root(), reference::state_root(&model));
 
         let new_slot = |k: u64, v: u64| (U256::from(k), (U256::ZERO, U256::from(v)));
@@ -1114,7 +1117,7 @@ mod tests {
         model.apply_bundle(&bundle);
         assert_eq!(model.accounts[&contract].storage.len(), 2);
 
-        let out = t.apply(&HashedPostState::from_bundle(&bundle)).unwrap();
+        let out = t.apply(&HashedStateChanges::from_bundle(&bundle)).unwrap();
         assert_eq!(out.root, reference::state_root(&model));
         assert!(out.updates.storage_tries[&keccak256(contract)].wiped);
         assert_nodes_match_fresh_build(&t, &model);
@@ -1129,7 +1132,7 @@ mod tests {
         assert_ne!(reference::state_root(&kept), out.root);
     }
 
-    /// Two blocks' diffs folded with `HashedPostState::extend` give the root of applying them
+    /// Two blocks' diffs folded with `HashedStateChanges::extend` give the root of applying them
     /// in order, when the first deletes an account with storage and the second re-creates it:
     /// the re-created account starts with empty storage (`from_bundle` records the deletion as
     /// `None` alone, with no wipe, so the fold must add it).
@@ -1145,7 +1148,7 @@ mod tests {
             },
         );
         let mut t = trie(2, 2);
-        t.apply(&HashedPostState::from_state(&model)).unwrap();
+        t.apply(&HashedStateChanges::from_state(&model)).unwrap();
 
         let deleted = BundleState::new(
             [(contract, Some(info(1, 10, true)), None, HashMap::default())],
@@ -1166,16 +1169,16 @@ mod tests {
         model.apply_bundle(&recreated);
         assert_eq!(model.accounts[&contract].storage.len(), 1);
 
-        let mut folded = HashedPostState::from_bundle(&deleted);
-        folded.extend(HashedPostState::from_bundle(&recreated));
+        let mut folded = HashedStateChanges::from_bundle(&deleted);
+        folded.extend(HashedStateChanges::from_bundle(&recreated));
         let mut in_order = t.clone();
         in_order
-            .apply(&HashedPostState::from_bundle(&deleted))
+            .apply(&HashedStateChanges::from_bundle(&deleted))
             .unwrap();
         let expected = reference::state_root(&model);
         assert_eq!(
             in_order
-                .apply(&HashedPostState::from_bundle(&recreated))
+                .apply(&HashedStateChanges::from_bundle(&recreated))
                 .unwrap()
                 .root,
             expected
@@ -1277,11 +1280,11 @@ mod tests {
             ..TrieConfig::default()
         };
         let mut t = StateTrie::new(MemNodeStore::new(), config).unwrap();
-        t.apply(&HashedPostState::from_state(&model)).unwrap();
+        t.apply(&HashedStateChanges::from_state(&model)).unwrap();
         assert_eq!(t.root(), reference::state_root(&model));
         let token = Address::from_word(B256::ZERO);
         for _ in 0..4 {
-            let mut diff = HashedPostState::default();
+            let mut diff = HashedStateChanges::default();
             for _ in 0..400 {
                 let i: u64 = rng.random_range(0..4000);
                 let addr = Address::from_word(B256::from(U256::from(i)));
@@ -1373,12 +1376,12 @@ mod tests {
         let mut model = big_state(5_000, 3_000);
         let mut t = StateTrie::new(MemNodeStore::new(), unpinned(4, 8)).unwrap();
         // More than 4,096 new keys: the first build takes the parallel build path.
-        t.apply(&HashedPostState::from_state(&model)).unwrap();
+        t.apply(&HashedStateChanges::from_state(&model)).unwrap();
         assert_nodes_match_fresh_build(&t, &model);
         let token = Address::from_word(B256::ZERO);
         let hashed_token = keccak256(token);
         for changed in [1usize, 2, 40, 700] {
-            let mut diff = HashedPostState::default();
+            let mut diff = HashedStateChanges::default();
             let mut account_keys = BTreeSet::new();
             for _ in 0..changed {
                 let addr =
@@ -1451,7 +1454,7 @@ mod tests {
                 .map(|n| std::borrow::Cow::Owned(n.into_owned())))
         }
 
-        fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error> {
+        fn apply(&mut self, updates: &StateTrieUpdates) -> Result<(), Self::Error> {
             self.inner
                 .apply(updates)
                 .unwrap_or_else(|never| match never {});
@@ -1466,7 +1469,9 @@ mod tests {
     fn a_store_error_in_a_parallel_task_fails_the_block_and_writes_nothing() {
         let model = big_state(5_000, 3_000);
         let mut built = trie(1, 64);
-        built.apply(&HashedPostState::from_state(&model)).unwrap();
+        built
+            .apply(&HashedStateChanges::from_state(&model))
+            .unwrap();
         let hashed_token = keccak256(Address::from_word(B256::ZERO));
         for failing in [TrieId::Account, TrieId::Storage(hashed_token)] {
             // A path two levels down that exists, in the middle of the key space.
@@ -1487,7 +1492,7 @@ mod tests {
             assert_eq!(t.root(), built.root());
             let before_accounts = t.store().inner.nodes(TrieId::Account);
             let before_slots = t.store().inner.nodes(TrieId::Storage(hashed_token));
-            let mut diff = HashedPostState::default();
+            let mut diff = HashedStateChanges::default();
             // Only the account trie's own keys count for it, only the slots for the storage.
             let mut touches_failing = false;
             let mut next = model.clone();
@@ -1532,7 +1537,7 @@ mod tests {
             let mut ok_model = model.clone();
             let a = ok_model.accounts.get_mut(&addr).unwrap();
             a.info.nonce += 1;
-            let mut diff = HashedPostState::default();
+            let mut diff = HashedStateChanges::default();
             diff.accounts
                 .insert(keccak256(addr), Some(HashedAccount::from(&a.info)));
             let out = t.apply(&diff).unwrap();

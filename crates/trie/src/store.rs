@@ -1,5 +1,5 @@
 //! Where trie nodes live between blocks: the [`NodeStore`] trait, the batch of changes a block
-//! produces ([`TrieUpdates`]), and an in-memory store.
+//! produces ([`StateTrieUpdates`]), and an in-memory store.
 
 use crate::node::{Node, StoredNode, child_index};
 use alloy_primitives::{
@@ -93,7 +93,7 @@ pub trait NodeStore: Send + Sync {
     /// All or nothing: on an error the store must hold what it held before the call (a
     /// database store writes the batch in one transaction). The trie keeps its old root when
     /// `apply` fails, so a half-applied batch would leave nodes that no root describes.
-    fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Self::Error>;
+    fn apply(&mut self, updates: &StateTrieUpdates) -> Result<(), Self::Error>;
 }
 
 /// The children of one path, by nibble: each child's node and its reference, in nibble order,
@@ -266,7 +266,7 @@ impl Eq for NodeUpdates {}
 
 /// Changes to one storage trie.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StorageTrieUpdates {
+pub struct StorageNodeUpdates {
     /// Drop every node of this storage trie before applying `nodes` (self-destruct, account
     /// deletion, or self-destruct then re-create in one block).
     pub wiped: bool,
@@ -276,14 +276,14 @@ pub struct StorageTrieUpdates {
 
 /// Everything one block changes in the stored tries.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TrieUpdates {
+pub struct StateTrieUpdates {
     /// Changes to the account trie.
     pub account_nodes: NodeUpdates,
     /// Changes to storage tries, by hashed address.
-    pub storage_tries: B256Map<StorageTrieUpdates>,
+    pub storage_tries: B256Map<StorageNodeUpdates>,
 }
 
-impl TrieUpdates {
+impl StateTrieUpdates {
     /// Number of node writes in all tries.
     pub fn writes(&self) -> usize {
         self.account_nodes.write_count()
@@ -835,7 +835,7 @@ impl NodeStore for MemNodeStore {
         })
     }
 
-    fn apply(&mut self, updates: &TrieUpdates) -> Result<(), Infallible> {
+    fn apply(&mut self, updates: &StateTrieUpdates) -> Result<(), Infallible> {
         let Self { accounts, storages } = self;
         let mut apply_storages = || {
             for (owner, storage) in &updates.storage_tries {
@@ -881,7 +881,7 @@ mod tests {
     fn clone_is_isolated() {
         let mut a = MemNodeStore::new();
         let owner = B256::repeat_byte(7);
-        let mut updates = TrieUpdates::default();
+        let mut updates = StateTrieUpdates::default();
         updates.account_nodes.push_write(Nibbles::new(), leaf(1));
         updates
             .account_nodes
@@ -911,7 +911,7 @@ mod tests {
         for trie in [TrieId::Account, TrieId::Storage(owner)] {
             assert_eq!(detached.nodes(trie), a.nodes(trie));
         }
-        let mut change = TrieUpdates::default();
+        let mut change = StateTrieUpdates::default();
         change
             .account_nodes
             .push_delete(Nibbles::from_nibbles([3, 4]));
@@ -951,14 +951,14 @@ mod tests {
     fn wipe_then_write_keeps_only_new_nodes() {
         let mut s = MemNodeStore::new();
         let owner = B256::repeat_byte(1);
-        let mut u = TrieUpdates::default();
+        let mut u = StateTrieUpdates::default();
         u.storage_tries
             .entry(owner)
             .or_default()
             .nodes
             .push_write(Nibbles::from_nibbles([5]), leaf(1));
         s.apply(&u).unwrap();
-        let mut u = TrieUpdates::default();
+        let mut u = StateTrieUpdates::default();
         let st = u.storage_tries.entry(owner).or_default();
         st.wiped = true;
         st.nodes.push_write(Nibbles::from_nibbles([6]), leaf(2));
@@ -979,7 +979,7 @@ mod tests {
         let order = [9u8, 3, 15, 0, 7, 12, 1, 14, 2, 5, 4, 6, 8, 10, 11, 13];
         let mut state = 1u32;
         for round in 0..6u8 {
-            let mut u = TrieUpdates::default();
+            let mut u = StateTrieUpdates::default();
             for (i, &n) in order.iter().enumerate() {
                 state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                 let keep = !(state >> 16).is_multiple_of(4) || round.is_multiple_of(2);
@@ -1021,7 +1021,7 @@ mod tests {
 
     #[test]
     fn large_batches_apply_the_same_in_parallel() {
-        let mut u = TrieUpdates::default();
+        let mut u = StateTrieUpdates::default();
         for i in 0..5000u32 {
             let path = Nibbles::unpack(i.to_be_bytes());
             u.account_nodes.push_write(path, leaf(i as u8));
@@ -1031,7 +1031,7 @@ mod tests {
                 .nodes
                 .push_write(path, leaf(i as u8));
         }
-        let mut d = TrieUpdates::default();
+        let mut d = StateTrieUpdates::default();
         for path in u.account_nodes.writes().map(|(p, _)| *p).step_by(2) {
             d.account_nodes.push_delete(path);
         }

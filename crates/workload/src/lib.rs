@@ -1,7 +1,7 @@
 //! Seeded, deterministic workloads for overdrive's tests and benchmarks.
 //!
 //! [`generate`] turns a [`WorkloadConfig`] into a [`Workload`]: a genesis state (with a
-//! matching [`ChainSpec`](overdrive_primitives::ChainSpec) and genesis header) and a chain of
+//! matching [`ChainParams`](overdrive_primitives::ChainParams) and genesis header) and a chain of
 //! blocks of signed EIP-1559 transactions, with senders already recovered. Kinds: ETH
 //! transfers, OpenZeppelin v5 ERC20 transfers, Uniswap V2 router swaps over many independent
 //! pairs (directly decoded, or through the router's fee-on-transfer entry point the hints

@@ -6,7 +6,7 @@ use crate::*;
 use alloy_consensus::{Transaction, TxEnvelope, proofs::calculate_transaction_root};
 use alloy_evm::FromRecoveredTx;
 use alloy_primitives::{Address, B256, U256, map::HashMap};
-use overdrive_primitives::{MemState, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, MemState};
 use revm::{
     Context, ExecuteCommitEvm, ExecuteEvm, MainBuilder, MainContext,
     context::{BlockEnv, TxEnv, result::ExecutionResult},
@@ -36,7 +36,7 @@ fn gen_ok(cfg: &WorkloadConfig) -> Workload {
     }
 }
 
-fn block_env(block: &RecoveredBlock) -> BlockEnv {
+fn block_env(block: &BlockWithSenders) -> BlockEnv {
     let h = &block.header;
     BlockEnv {
         number: U256::from(h.number),
@@ -495,7 +495,7 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
     });
     for (x, y) in a.blocks.iter().zip(&c.blocks) {
         assert_ne!(x.hash, y.hash);
-        let hashes = |b: &RecoveredBlock| {
+        let hashes = |b: &BlockWithSenders| {
             b.transactions
                 .iter()
                 .map(|t| *t.tx_hash())
@@ -564,7 +564,7 @@ fn blocks_are_well_formed_and_linked() {
         }
         // Through RLP and back, recovering every signature, gives the same block and senders.
         let decoded =
-            RecoveredBlock::decode(&alloy_rlp::encode(block.to_block())).expect("decodes");
+            BlockWithSenders::decode(&alloy_rlp::encode(block.to_block())).expect("decodes");
         assert_eq!(&decoded, block);
         parent = h.clone();
     }

@@ -12,7 +12,7 @@ use alloy_consensus::{
 };
 use alloy_eips::{eip2718::Encodable2718, eip7685::EMPTY_REQUESTS_HASH};
 use alloy_primitives::{Address, B256, Bytes, TxKind, U256, address, keccak256, map::HashMap};
-use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, ChainParams, MemState};
 use rayon::prelude::*;
 use std::{collections::BTreeMap, path::Path};
 
@@ -75,9 +75,9 @@ pub struct Contracts {
 pub struct Workload {
     /// What was generated.
     pub config: WorkloadConfig,
-    /// `ChainSpec::dev()`'s fork schedule (Prague at genesis, chain id 1337) whose genesis
+    /// `ChainParams::dev()`'s fork schedule (Prague at genesis, chain id 1337) whose genesis
     /// allocation is exactly [`Workload::genesis`] and whose gas limit is the blocks'.
-    pub chain_spec: ChainSpec,
+    pub chain_spec: ChainParams,
     /// The genesis state: the dev chain's system contracts and dev accounts, the deployer,
     /// the contracts, and every funded account. `block_hashes[0]` is the genesis hash.
     pub genesis: MemState,
@@ -85,7 +85,7 @@ pub struct Workload {
     pub genesis_header: Header,
     /// Blocks `1..=config.blocks`. Their post-execution fields (state root, receipts root,
     /// logs bloom, gas used) are zero: only execution can know them.
-    pub blocks: Vec<RecoveredBlock>,
+    pub blocks: Vec<BlockWithSenders>,
     /// Address of account `i` (its key is [`crate::private_key`]`(seed, i)`).
     pub accounts: Vec<Address>,
     /// Deployed contracts.
@@ -131,7 +131,7 @@ pub fn generate_with_artifacts(
         .then(|| artifacts::load_uniswap(dir))
         .transpose()?;
 
-    let dev = ChainSpec::dev();
+    let dev = ChainParams::dev();
     let deployer = Signer::new(keys::deployer_key()).address;
     let mut state = MemState::from_alloc(&dev.genesis.alloc);
     state.insert_account(
@@ -188,7 +188,7 @@ pub fn generate_with_artifacts(
     let mut genesis = dev.genesis.clone();
     genesis.gas_limit = block_gas_limit;
     genesis.alloc = genesis::to_alloc(&state);
-    let chain_spec = ChainSpec::from_genesis(genesis);
+    let chain_spec = ChainParams::from_genesis(genesis);
     let genesis_header = chain_spec.genesis_header(genesis::state_root(&state));
     let genesis_hash = genesis_header.hash_slow();
     state
@@ -448,7 +448,7 @@ fn build_blocks(
     targets: &Targets<'_>,
     genesis: &Header,
     gas_limit: u64,
-) -> Vec<RecoveredBlock> {
+) -> Vec<BlockWithSenders> {
     // Signing is the expensive part; it runs over all blocks at once and keeps plan order.
     let flat: Vec<&PlannedTx> = plan.iter().flatten().collect();
     let mut signed: Vec<Recovered<TxEnvelope>> = flat
@@ -492,7 +492,8 @@ fn build_blocks(
             requests_hash: Some(EMPTY_REQUESTS_HASH),
             ..Default::default()
         };
-        let block = RecoveredBlock::from_parts(header, transactions, Vec::new(), Some(Vec::new()));
+        let block =
+            BlockWithSenders::from_parts(header, transactions, Vec::new(), Some(Vec::new()));
         parent_hash = block.hash;
         blocks.push(block);
     }

@@ -3,10 +3,10 @@ use clap::{Args, Subcommand, ValueEnum};
 use eyre::WrapErr;
 use overdrive_bench::process_cpu_time;
 use overdrive_executor::{
-    BlockExecutor, BlockOutput, ParallelConfig, ParallelExecutor, Scheduling, SequentialExecutor,
+    BlockOutput, ExecuteBlock, ParallelConfig, ParallelExecutor, Scheduling, SequentialExecutor,
     TransitionFolding,
 };
-use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, ChainParams, MemState};
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -285,10 +285,10 @@ impl Timing {
 }
 
 /// One timed execution of `block` by `executor`.
-fn timed_once<E: BlockExecutor>(
+fn timed_once<E: ExecuteBlock>(
     executor: &E,
-    spec: &ChainSpec,
-    block: &RecoveredBlock,
+    spec: &ChainParams,
+    block: &BlockWithSenders,
     state: &MemState,
 ) -> eyre::Result<(BlockOutput, Timing)> {
     let (cpu0, wall0) = (process_cpu_time(), Instant::now());
@@ -351,8 +351,8 @@ fn median(mut timings: Vec<Timing>) -> Timing {
 /// that CPU time belongs to this run, and it must not overlap the next measured one.
 fn timed_parallel(
     executor: &ParallelExecutor,
-    spec: &ChainSpec,
-    block: &RecoveredBlock,
+    spec: &ChainParams,
+    block: &BlockWithSenders,
     state: &MemState,
 ) -> eyre::Result<(BlockOutput, Option<overdrive_executor::CommitStats>, Timing)> {
     let (cpu0, wall0) = (process_cpu_time(), Instant::now());
@@ -386,8 +386,8 @@ fn timed_parallel(
 fn timed_runs(
     parallel: &ParallelExecutor,
     one: Option<&ParallelExecutor>,
-    spec: &ChainSpec,
-    block: &mut RecoveredBlock,
+    spec: &ChainParams,
+    block: &mut BlockWithSenders,
     state: &MemState,
     repeat: usize,
     split: Option<&SplitReference>,

@@ -1,6 +1,6 @@
 use clap::Args;
 use eyre::{WrapErr, bail};
-use overdrive_primitives::{ChainSpec, MemState};
+use overdrive_primitives::{ChainParams, MemState};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -22,12 +22,12 @@ pub fn run(args: InitArgs) -> eyre::Result<()> {
         "mainnet" => {
             let alloc = crate::artifacts_dir().join("mainnet-alloc.json");
             if alloc.exists() {
-                ChainSpec::mainnet_with_alloc_file(&alloc)?
+                ChainParams::mainnet_with_alloc_file(&alloc)?
             } else {
-                ChainSpec::mainnet()
+                ChainParams::mainnet()
             }
         }
-        other => ChainSpec::load(other)?,
+        other => ChainParams::load(other)?,
     };
     if spec.genesis.alloc.is_empty() && spec.expected_genesis_hash.is_some() {
         bail!(

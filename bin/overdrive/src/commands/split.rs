@@ -18,14 +18,14 @@
 use alloy_consensus::Transaction as _;
 use alloy_primitives::{Address, KECCAK256_EMPTY, map::HashMap};
 use eyre::WrapErr;
-use overdrive_executor::{BlockExecutor, SequentialExecutor};
-use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
+use overdrive_executor::{ExecuteBlock, SequentialExecutor};
+use overdrive_primitives::{BlockWithSenders, ChainParams, MemState};
 use std::time::{Duration, Instant};
 
 /// A block cut into independent parts, and the threads that run them at once (started once
 /// per benchmark, so that every block's parts run on warm threads).
 pub(super) struct SplitReference {
-    parts: Vec<RecoveredBlock>,
+    parts: Vec<BlockWithSenders>,
     pool: overdrive_tasks::WorkerPool,
 }
 
@@ -59,14 +59,14 @@ impl SplitReference {
 
     /// Measures `block` from now on, cut into as many parts as there are threads (see
     /// [`independent_parts`]) on `state`, its pre-state.
-    pub fn cut(&mut self, block: &RecoveredBlock, state: &MemState) {
+    pub fn cut(&mut self, block: &BlockWithSenders, state: &MemState) {
         self.parts = independent_parts(block, state, self.pool.current_num_threads() + 1);
     }
 
     /// One measurement: the parts one after another, then at once. Their outputs are
     /// dropped outside the timed spans.
-    pub fn measure(&self, spec: &ChainSpec, state: &MemState) -> eyre::Result<SplitTiming> {
-        let run = |part: &RecoveredBlock| {
+    pub fn measure(&self, spec: &ChainParams, state: &MemState) -> eyre::Result<SplitTiming> {
+        let run = |part: &BlockWithSenders| {
             SequentialExecutor
                 .execute(spec, part, state)
                 .wrap_err("a split-reference part failed (its senders depend on another part)")
@@ -113,10 +113,10 @@ fn code_less(state: &MemState, address: &Address) -> bool {
 /// only: each part executes on its own state with the nonces and balances it would have had in
 /// the block. Contracts are not followed (two parts may call one token).
 pub(super) fn independent_parts(
-    block: &RecoveredBlock,
+    block: &BlockWithSenders,
     state: &MemState,
     n: usize,
-) -> Vec<RecoveredBlock> {
+) -> Vec<BlockWithSenders> {
     let txs = &block.transactions;
     // Union-find over the addresses that tie transactions together.
     let mut ids: HashMap<Address, usize> = HashMap::default();
@@ -159,8 +159,8 @@ pub(super) fn independent_parts(
         load[lightest] += g;
         part_of.insert(group, lightest);
     }
-    let mut parts: Vec<RecoveredBlock> = (0..load.len())
-        .map(|_| RecoveredBlock {
+    let mut parts: Vec<BlockWithSenders> = (0..load.len())
+        .map(|_| BlockWithSenders {
             header: block.header.clone(),
             transactions: Vec::new(),
             ommers: block.ommers.clone(),

@@ -13,7 +13,7 @@
 use super::{TrieBenchConfig, World, shortfall};
 use crate::BenchError;
 use overdrive_tasks::{Pinning, worker_pool};
-use overdrive_trie::{HashedPostState, StateTrie, TrieConfig};
+use overdrive_trie::{HashedStateChanges, StateTrie, TrieConfig};
 use rand::{SeedableRng, rngs::SmallRng};
 use std::{
     sync::Arc,
@@ -125,7 +125,7 @@ impl CoRun {
 }
 
 /// Each trie applies `block`, one after another.
-fn one_by_one(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration, BenchError> {
+fn one_by_one(tries: &mut [StateTrie], block: &HashedStateChanges) -> Result<Duration, BenchError> {
     let start = Instant::now();
     for trie in tries {
         trie.apply(block)?;
@@ -134,7 +134,7 @@ fn one_by_one(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Durati
 }
 
 /// Each trie applies `block`, all at once, each from its own thread.
-fn at_once(tries: &mut [StateTrie], block: &HashedPostState) -> Result<Duration, BenchError> {
+fn at_once(tries: &mut [StateTrie], block: &HashedStateChanges) -> Result<Duration, BenchError> {
     let start = Instant::now();
     std::thread::scope(|scope| {
         // The calling thread takes the first trie: one spawn fewer in the timed span.

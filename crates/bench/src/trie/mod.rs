@@ -34,7 +34,7 @@ use alloy_trie::{EMPTY_ROOT_HASH, HashBuilder, KECCAK_EMPTY, Nibbles, TrieAccoun
 use co_run::CoRun;
 use evict::Evictor;
 use overdrive_trie::{
-    HashedAccount, HashedPostState, HashedStorage, MemNodeStore, StateTrie, TrieConfig,
+    HashedAccount, HashedStateChanges, HashedStorageChanges, MemNodeStore, StateTrie, TrieConfig,
 };
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use reth_style::StoredBranches;
@@ -315,11 +315,11 @@ impl World {
     /// slots each: applied one after another they build the state a piece at a time, so that
     /// a large state's set-up never holds the whole state as one diff and its node writes
     /// besides the trie.
-    fn genesis(&self, chunk: usize) -> impl Iterator<Item = HashedPostState> + '_ {
+    fn genesis(&self, chunk: usize) -> impl Iterator<Item = HashedStateChanges> + '_ {
         let n = self.nonces.len();
         (0..n).step_by(chunk.max(1)).map(move |start| {
             let end = (start + chunk.max(1)).min(n);
-            let mut diff = HashedPostState::default();
+            let mut diff = HashedStateChanges::default();
             diff.accounts.reserve(end - start + 1);
             for i in start..end {
                 diff.accounts
@@ -333,7 +333,7 @@ impl World {
                 .collect();
             diff.storages.insert(
                 self.token,
-                HashedStorage {
+                HashedStorageChanges {
                     wiped: false,
                     slots,
                 },
@@ -401,8 +401,8 @@ impl World {
     }
 
     /// The current values of the given accounts and token slots, as a diff.
-    fn diff(&self, senders: &[usize], slots: &[usize]) -> HashedPostState {
-        let mut diff = HashedPostState::default();
+    fn diff(&self, senders: &[usize], slots: &[usize]) -> HashedStateChanges {
+        let mut diff = HashedStateChanges::default();
         for &i in senders {
             diff.accounts
                 .insert(self.hashed_addresses[i], Some(self.account(i)));
@@ -413,7 +413,7 @@ impl World {
             .collect();
         diff.storages.insert(
             self.token,
-            HashedStorage {
+            HashedStorageChanges {
                 wiped: false,
                 slots: storage,
             },
@@ -425,11 +425,11 @@ impl World {
 /// One generated block.
 struct Block {
     /// What the block changes.
-    diff: HashedPostState,
+    diff: HashedStateChanges,
     /// The same accounts and slots at their values before the block: applied after `diff`,
     /// it takes a trie back to the nodes it had (a Merkle-Patricia trie's nodes follow from
     /// its keys and values alone).
-    undo: HashedPostState,
+    undo: HashedStateChanges,
     /// Indices of the changed accounts, sorted.
     senders: Vec<usize>,
     /// Indices of the changed token slots, sorted.
@@ -825,7 +825,11 @@ mod tests {
         let speedup = report.co_run_speedup.expect("asked for");
         assert!(speedup.is_finite() && speedup > 0.0, "{speedup}");
         let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(json["co_run_speedup"].as_f64(), Some(speedup));
+        // In the JSON to three decimals.
+        assert_eq!(
+            json["co_run_speedup"].as_f64(),
+            Some((speedup * 1e3).round() / 1e3)
+        );
         assert!(
             report
                 .to_string()

@@ -14,26 +14,24 @@
 
 use super::{
     mv::{Location, TxIdx},
-    recycle::{Recycler, Spent},
+    recycle::{Recycler, SpentResult},
     sched::{DONE, PENDING, RUNNING, Scheduler},
     spec::{
         Observed, Read, ReadMode, SpecOutcome, SpecRun, SpecShared, Speculator, extract_writes,
     },
     transitions::{Pending, Writer},
+    upstream,
 };
 use crate::{ExecutionError, StateReader};
-use alloy_consensus::{
-    Eip658Value, Receipt, ReceiptEnvelope, ReceiptWithBloom, Transaction, TxEnvelope, TxType,
-    transaction::Recovered,
-};
+use alloy_consensus::{Transaction, TxEnvelope, transaction::Recovered};
 use alloy_evm::{
     Evm,
     block::BlockExecutor as _,
     eth::{EthBlockExecutor, EthEvm, receipt_builder::AlloyReceiptBuilder},
     precompiles::PrecompilesMap,
 };
-use alloy_primitives::{Address, Bloom, Log, U256, map::hash_map};
-use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use alloy_primitives::{Address, Log, U256, map::hash_map};
+use overdrive_primitives::{BlockWithSenders, ChainParams};
 use revm::{
     Database, DatabaseCommit,
     context::result::{ExecutionResult, HaltReason},
@@ -61,13 +59,13 @@ fn take_logs(result: &mut ExecutionResult<HaltReason>) -> Vec<Log> {
 pub(crate) type CommitExecutor<'s, 'a, DB> = EthBlockExecutor<
     'a,
     EthEvm<&'s mut State<WrapDatabaseRef<&'a DB>>, NoOpInspector, PrecompilesMap>,
-    &'a ChainSpec,
+    &'a ChainParams,
     AlloyReceiptBuilder,
 >;
 
 pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     pub executor: &'c mut CommitExecutor<'s, 'a, DB>,
-    pub block: &'a RecoveredBlock,
+    pub block: &'a BlockWithSenders,
     pub sched: &'c Scheduler,
     pub shared: &'c SpecShared<'c, DB>,
     pub speculator: Speculator<'c, DB>,
@@ -80,7 +78,7 @@ pub(crate) struct Committer<'c, 's, 'a, DB: StateReader> {
     /// Where committed speculative results go to be freed by a pool thread.
     pub recycler: &'c Recycler,
     /// Committed speculative results not yet handed to `recycler`.
-    pub spent: Vec<Spent>,
+    pub spent: Vec<SpentResult>,
     /// Storage maps still to size up front (see [`Presize`]); `None` until the hints are read.
     pub presize: Option<Vec<Presize>>,
     /// Never execute a pending transaction exactly ahead of speculation (see
@@ -420,32 +418,16 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             self.sched.rerun_paid();
         }
         let executor = &mut *self.executor;
-        let gas = exec.result.gas();
-        let tx_gas_used = gas.tx_gas_used();
-        executor.block_regular_gas_used += gas.block_regular_gas_used();
-        executor.block_state_gas_used += gas.block_state_gas_used();
-        executor.cumulative_tx_gas_used += tx_gas_used;
-        if self.cancun {
-            executor.blob_gas_used = executor
-                .blob_gas_used
-                .saturating_add(tx.blob_gas_used().unwrap_or_default());
-        }
         let logs = take_logs(&mut exec.result);
-        // A transaction without logs has the empty bloom: its 256 bytes are not read.
-        let logs_bloom = if logs.is_empty() {
-            Bloom::ZERO
-        } else {
-            exec.bloom
-        };
-        let receipt = ReceiptWithBloom {
-            receipt: Receipt {
-                status: Eip658Value::Eip658(exec.result.is_success()),
-                cumulative_gas_used: executor.cumulative_tx_gas_used,
-                logs,
-            },
-            logs_bloom,
-        };
-        executor.receipts.push(envelope(tx.tx_type(), receipt));
+        upstream::commit_gas_and_receipt(
+            executor,
+            &exec.result,
+            logs,
+            exec.bloom,
+            tx.tx_type(),
+            tx.blob_gas_used().unwrap_or_default(),
+            self.cancun,
+        );
         // The cache is updated here, as `commit_iter` updates it; the transitions are queued
         // for the pool to fold, in order per address, as `commit_iter` would fold them
         // (`transitions.rs`). Draining keeps the map's table; it and the rest of the result
@@ -541,7 +523,7 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
             drop(outcome);
             return;
         }
-        self.spent.push(Spent { _outcome: outcome });
+        self.spent.push(SpentResult { _outcome: outcome });
         self.recycler.give(&mut self.spent);
     }
 
@@ -794,15 +776,4 @@ fn take_fee(
         return Ok(None);
     };
     Ok(state.remove(&address).map(|account| (account, credit)))
-}
-
-/// The receipt envelope of a transaction type, as alloy-evm's `AlloyReceiptBuilder` builds it.
-fn envelope(tx_type: TxType, receipt: ReceiptWithBloom<Receipt>) -> ReceiptEnvelope {
-    match tx_type {
-        TxType::Legacy => ReceiptEnvelope::Legacy(receipt),
-        TxType::Eip2930 => ReceiptEnvelope::Eip2930(receipt),
-        TxType::Eip1559 => ReceiptEnvelope::Eip1559(receipt),
-        TxType::Eip4844 => ReceiptEnvelope::Eip4844(receipt),
-        TxType::Eip7702 => ReceiptEnvelope::Eip7702(receipt),
-    }
 }

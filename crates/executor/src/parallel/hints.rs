@@ -26,7 +26,7 @@ use std::{
 
 /// Contracts whose undecodable calls conflicted often in recent blocks: their calls are
 /// chained from the start of a block.
-pub(crate) type Learned = alloy_primitives::map::HashSet<Address>;
+pub(crate) type LearnedConflicts = alloy_primitives::map::HashSet<Address>;
 
 /// A conflict key. ERC20 slots are keyed by (token, owner[, spender]) rather than by the
 /// keccak slot the contract uses: the key only has to be equal exactly when the slot is, and
@@ -223,7 +223,7 @@ fn tx_keys(
     tx: &Recovered<TxEnvelope>,
     hot: u32,
     lazy_recipients: bool,
-    learned: Option<&Learned>,
+    learned: Option<&LearnedConflicts>,
     keys: &mut Vec<(HintKey, Mode)>,
     call: &mut Option<Address>,
 ) -> Option<Address> {
@@ -435,7 +435,7 @@ pub(crate) fn build(
     txs: &[Recovered<TxEnvelope>],
     coinbase: Address,
     lazy_recipients: bool,
-    learned: Option<&Learned>,
+    learned: Option<&LearnedConflicts>,
 ) -> BlockHints {
     let seed = DefaultHashBuilder::default();
     // Recipients of plain value transfers, counted: two or more in a block make one hot.
@@ -699,7 +699,12 @@ mod tests {
             call(5, router, vec![1, 2, 3, 4]),
             call(6, router, vec![1, 2, 3, 4]),
         ];
-        let hints = build(&txs, Address::ZERO, true, Some(&Learned::default()));
+        let hints = build(
+            &txs,
+            Address::ZERO,
+            true,
+            Some(&LearnedConflicts::default()),
+        );
         assert!(hints.deps.iter().all(Vec::is_empty), "{:?}", hints.deps);
         assert_eq!(
             hints.calls,
@@ -735,7 +740,12 @@ mod tests {
         assert_eq!(hints.conflicted().count(), 1);
 
         // Conflicts in fewer than one in `CHAIN_ONE_IN` checked calls leave them unordered.
-        let hints = build(&txs, Address::ZERO, true, Some(&Learned::default()));
+        let hints = build(
+            &txs,
+            Address::ZERO,
+            true,
+            Some(&LearnedConflicts::default()),
+        );
         for _ in 0..CHAIN_MIN_CONFLICTS * CHAIN_ONE_IN + 1 - CHAIN_MIN_CONFLICTS {
             hints.call_checked(0, false);
         }
@@ -749,7 +759,7 @@ mod tests {
         assert_eq!(hints.conflicted().collect::<Vec<_>>(), [router]);
 
         // Learned: chained by the hints themselves, like every call without learning.
-        let learned = Learned::from_iter([router]);
+        let learned = LearnedConflicts::from_iter([router]);
         for learned in [Some(&learned), None] {
             let hints = build(&txs, Address::ZERO, true, learned);
             assert_eq!(hints.deps[2], [0]);
@@ -788,7 +798,7 @@ mod tests {
 
     #[test]
     fn equal_to_the_definition_on_every_workload() {
-        let empty = Learned::default();
+        let empty = LearnedConflicts::default();
         for kind in WorkloadKind::ALL {
             for (seed, skew) in [(1, 0.0), (2, 0.5)] {
                 let workload = generate(&WorkloadConfig {

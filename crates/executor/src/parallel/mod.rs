@@ -27,11 +27,12 @@ mod recycle;
 mod sched;
 mod spec;
 mod transitions;
+mod upstream;
 
 pub use commit::CommitStats;
 
 use crate::{
-    BlockExecutor, BlockOutput, ExecutionError, StateReader, evm_env, execution_ctx,
+    BlockOutput, ExecuteBlock, ExecutionError, StateReader, evm_env, execution_ctx,
     sequential::{self, block_state},
 };
 use alloy_evm::{
@@ -43,7 +44,7 @@ use alloy_primitives::{Address, map::HashMap};
 use commit::Committer;
 use mv::{Location, MvMemory, TxIdx};
 use overdrive_primitives::EthereumHardforks;
-use overdrive_primitives::{ChainSpec, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, ChainParams};
 use overdrive_tasks::{Pinning, worker_pool};
 use revm::primitives::hardfork::SpecId;
 use sched::{COMMITTED, Scheduler, lock};
@@ -72,7 +73,7 @@ pub const DEFAULT_MIN_GAS_FOR_PARALLEL: u64 = 4_000_000;
 /// `gas_used` when the block has one (a block being validated), otherwise the sum of its
 /// transactions' gas limits. It only picks the path; a wrong header value (an invalid block)
 /// costs time, never a different output.
-pub fn block_gas_estimate(block: &RecoveredBlock) -> u64 {
+pub fn block_gas_estimate(block: &BlockWithSenders) -> u64 {
     use alloy_consensus::Transaction as _;
     if block.header.gas_used > 0 {
         return block.header.gas_used;
@@ -234,7 +235,7 @@ pub struct ParallelExecutor {
 /// [`ParallelExecutor::learned`]); it changes how later blocks are scheduled, never their
 /// output.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Learned {
+pub struct LearnedSchedule {
     conflicts: HashMap<Address, u32>,
     written_per_mille: usize,
     fold_on_pool: bool,
@@ -323,8 +324,8 @@ impl ParallelExecutor {
 
     /// A copy of what the executor carries from one block to the next: the contracts whose
     /// calls it chains ([`Self::learned_conflicts`]) and the multi-version memory's size hint.
-    pub fn learned(&self) -> Learned {
-        Learned {
+    pub fn learned(&self) -> LearnedSchedule {
+        LearnedSchedule {
             conflicts: lock(&self.learned).clone(),
             written_per_mille: self.written_per_mille.load(Ordering::Relaxed),
             fold_on_pool: self.fold_on_pool.load(Ordering::Relaxed),
@@ -334,7 +335,7 @@ impl ParallelExecutor {
     /// Replaces what the executor carries to the next block with `learned`. A benchmark that
     /// runs one block several times restores it before each run, so that no run profits from
     /// what an earlier run of the same block taught (a node never sees a block twice).
-    pub fn restore_learned(&self, learned: Learned) {
+    pub fn restore_learned(&self, learned: LearnedSchedule) {
         *lock(&self.learned) = learned.conflicts;
         self.written_per_mille
             .store(learned.written_per_mille, Ordering::Relaxed);
@@ -358,7 +359,7 @@ impl ParallelExecutor {
     }
 
     /// Whether `block` is large enough for the parallel path to pay for its set-up.
-    fn worth_parallel(&self, block: &RecoveredBlock) -> bool {
+    fn worth_parallel(&self, block: &BlockWithSenders) -> bool {
         if self.config.scheduling.force_parallel_path {
             return !block.transactions.is_empty();
         }
@@ -369,8 +370,8 @@ impl ParallelExecutor {
     fn execute_parallel<DB: StateReader>(
         &self,
         pool: &rayon::ThreadPool,
-        spec: &ChainSpec,
-        block: &RecoveredBlock,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
         db: &DB,
     ) -> Result<(BlockOutput, CommitStats), ExecutionError> {
         let started = std::time::Instant::now();
@@ -562,14 +563,14 @@ impl ParallelExecutor {
         Ok((output, stats.unwrap_or_default()))
     }
 
-    /// Executes `block` as [`BlockExecutor::execute`] does, and says what the committer did
+    /// Executes `block` as [`ExecuteBlock::execute`] does, and says what the committer did
     /// when the block took the parallel path (`None`: it ran sequentially). Unlike
     /// [`Self::last_stats`], the statistics belong to this call when several threads share the
     /// executor.
     pub fn execute_with_stats<DB: StateReader>(
         &self,
-        spec: &ChainSpec,
-        block: &RecoveredBlock,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
         state: &DB,
     ) -> Result<(BlockOutput, Option<CommitStats>), ExecutionError> {
         // A panic anywhere (a state reader's, the system calls', the scheduler's, an exact
@@ -614,14 +615,14 @@ struct HintJob {
     lazy_recipients: bool,
     chain_fallback: bool,
     /// Contracts whose undecoded calls are chained from the start (`None`: all of them).
-    learned: Option<hints::Learned>,
+    learned: Option<hints::LearnedConflicts>,
 }
 
 /// What a pool thread shares with the block's other threads.
 struct WorkerCtx<'a, DB> {
     sched: &'a Scheduler,
     shared: &'a SpecShared<'a, DB>,
-    block: &'a RecoveredBlock,
+    block: &'a BlockWithSenders,
     recycler: &'a recycle::Recycler,
     /// The block's transitions, when the pool folds them.
     transitions: Option<&'a transitions::Transitions>,
@@ -750,15 +751,15 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_string())
 }
 
-impl BlockExecutor for ParallelExecutor {
+impl ExecuteBlock for ParallelExecutor {
     fn name(&self) -> &'static str {
         "parallel"
     }
 
     fn execute<DB: StateReader>(
         &self,
-        spec: &ChainSpec,
-        block: &RecoveredBlock,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
         state: &DB,
     ) -> Result<BlockOutput, ExecutionError> {
         self.execute_with_stats(spec, block, state)

@@ -25,21 +25,21 @@ const BATCH: usize = 32;
 /// table still allocated, when it was committed; whole when validation rejected it; the
 /// result's output bytes).
 #[derive(Debug)]
-pub(crate) struct Spent {
+pub(crate) struct SpentResult {
     pub _outcome: Box<SpecOutcome>,
 }
 
 /// The returned results of one block. The committer fills `bin`; a pool thread empties it.
 #[derive(Debug, Default)]
 pub(crate) struct Recycler {
-    bin: Mutex<Vec<Spent>>,
+    bin: Mutex<Vec<SpentResult>>,
     /// Set when `bin` has something; lets the pool thread skip the lock otherwise.
     full: AtomicBool,
 }
 
 impl Recycler {
     /// The committer's side: moves `batch` to the bin once it holds a batch.
-    pub(crate) fn give(&self, batch: &mut Vec<Spent>) {
+    pub(crate) fn give(&self, batch: &mut Vec<SpentResult>) {
         if batch.len() >= BATCH {
             self.give_all(batch);
         }
@@ -47,7 +47,7 @@ impl Recycler {
 
     /// Moves all of `batch` to the bin (the rest of a block: the bin is freed with the block's
     /// other data).
-    pub(crate) fn give_all(&self, batch: &mut Vec<Spent>) {
+    pub(crate) fn give_all(&self, batch: &mut Vec<SpentResult>) {
         let mut bin = self.bin.lock().unwrap_or_else(PoisonError::into_inner);
         bin.append(batch);
         self.full.store(true, Ordering::Release);
@@ -70,8 +70,8 @@ impl Recycler {
 mod tests {
     use super::*;
 
-    fn spent() -> Spent {
-        Spent {
+    fn spent() -> SpentResult {
+        SpentResult {
             _outcome: SpecOutcome::failed(Vec::new(), std::thread::current().id()),
         }
     }
@@ -79,7 +79,7 @@ mod tests {
     #[test]
     fn batches_reach_the_bin_and_are_freed_once() {
         let recycler = Recycler::default();
-        let mut batch: Vec<Spent> = (0..BATCH - 1).map(|_| spent()).collect();
+        let mut batch: Vec<SpentResult> = (0..BATCH - 1).map(|_| spent()).collect();
         recycler.give(&mut batch);
         // Below a batch, the committer keeps them.
         assert_eq!(batch.len(), BATCH - 1);

@@ -21,10 +21,10 @@ use alloy_eips::{
 use alloy_genesis::{ChainConfig, Genesis};
 use alloy_primitives::{Address, B256, Bytes, Signature, TxKind, U256, keccak256, map::HashMap};
 use overdrive_executor::{
-    BlockExecutor, ExecutionError, ParallelConfig, ParallelExecutor, Scheduling,
-    SequentialExecutor, TransitionFolding,
+    ExecuteBlock, ExecutionError, ParallelConfig, ParallelExecutor, Scheduling, SequentialExecutor,
+    TransitionFolding,
 };
-use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
+use overdrive_primitives::{BlockWithSenders, ChainParams, MemState};
 use rand::{Rng, SeedableRng, rngs::SmallRng, seq::IndexedRandom};
 use revm::bytecode::Bytecode;
 use secp256k1::{Message, SECP256K1, SecretKey};
@@ -58,7 +58,7 @@ impl Fork {
         Fork::Bpo1,
     ];
 
-    pub fn spec(self) -> ChainSpec {
+    pub fn spec(self) -> ChainParams {
         let at = |f: Fork| (self >= f).then_some(0u64);
         let config = ChainConfig {
             chain_id: 1337,
@@ -87,7 +87,7 @@ impl Fork {
                 .collect(),
             ..Default::default()
         };
-        ChainSpec::from_genesis(Genesis {
+        ChainParams::from_genesis(Genesis {
             config,
             gas_limit: 60_000_000,
             ..Default::default()
@@ -616,7 +616,7 @@ impl Key {
 pub struct Gen {
     pub rng: SmallRng,
     pub fork: Fork,
-    pub spec: ChainSpec,
+    pub spec: ChainParams,
     pub senders: Vec<Key>,
     pub authorities: Vec<Key>,
     /// An account that, from Prague, sends its own transactions with its own EIP-7702
@@ -819,7 +819,7 @@ impl Gen {
     }
 
     /// A random block of `txs` transactions on top of `state`.
-    pub fn block(&mut self, state: &MemState, txs: usize) -> RecoveredBlock {
+    pub fn block(&mut self, state: &MemState, txs: usize) -> BlockWithSenders {
         self.number += 1;
         self.timestamp += 12;
         let fork = self.fork;
@@ -892,7 +892,7 @@ impl Gen {
             blob_gas_used: (fork >= Fork::Cancun).then_some(0),
             ..Default::default()
         };
-        RecoveredBlock::from_parts(header, transactions, Vec::new(), withdrawals)
+        BlockWithSenders::from_parts(header, transactions, Vec::new(), withdrawals)
     }
 
     /// A type-4 transaction of `key` that carries its own authorization (nonce + 1: the
@@ -1153,8 +1153,8 @@ impl Gen {
 /// when they differ. Returns the reference result.
 pub fn assert_equal(
     parallel: &ParallelExecutor,
-    spec: &ChainSpec,
-    block: &RecoveredBlock,
+    spec: &ChainParams,
+    block: &BlockWithSenders,
     state: &MemState,
     what: &str,
 ) -> Result<overdrive_executor::BlockOutput, ExecutionError> {

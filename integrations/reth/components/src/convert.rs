@@ -4,15 +4,15 @@
 use alloy_consensus::{Header, TxEnvelope, transaction::Recovered};
 use alloy_evm::{EvmEnv, eth::EthBlockExecutionCtx};
 use alloy_hardforks::{EthereumHardfork, EthereumHardforks, ForkCondition};
-use overdrive_primitives::RecoveredBlock;
+use overdrive_primitives::BlockWithSenders;
 use reth_chainspec::{ChainSpec, EthChainSpec};
 use reth_ethereum_primitives::{Receipt, TransactionSigned};
 
 /// overdrive's chain spec for reth's: the chain id, every Ethereum fork's activation, the
 /// deposit contract and the blob parameters. Execution reads nothing else (the genesis is left
 /// empty).
-pub fn chain_spec(spec: &ChainSpec) -> overdrive_primitives::ChainSpec {
-    overdrive_primitives::ChainSpec {
+pub fn chain_spec(spec: &ChainSpec) -> overdrive_primitives::ChainParams {
+    overdrive_primitives::ChainParams {
         chain_id: spec.chain().id(),
         hardforks: EthereumHardfork::VARIANTS
             .iter()
@@ -34,7 +34,7 @@ pub fn block(
     env: &EvmEnv,
     ctx: &EthBlockExecutionCtx<'_>,
     transactions: Vec<Recovered<TxEnvelope>>,
-) -> RecoveredBlock {
+) -> BlockWithSenders {
     let block_env = &env.block_env;
     let header = Header {
         parent_hash: ctx.parent_hash,
@@ -53,7 +53,7 @@ pub fn block(
         extra_data: ctx.extra_data.clone(),
         ..Default::default()
     };
-    RecoveredBlock::from_parts(
+    BlockWithSenders::from_parts(
         header,
         transactions,
         ctx.ommers.to_vec(),

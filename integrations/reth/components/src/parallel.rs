@@ -228,7 +228,7 @@ pub type NotExecuted = (Ineligible, Vec<Recovered<TxEnvelope>>);
 #[derive(Debug)]
 pub struct ParallelBlocks {
     executor: ParallelExecutor,
-    spec: overdrive_primitives::ChainSpec,
+    spec: overdrive_primitives::ChainParams,
     opener: Arc<dyn StateOpener>,
     log: Arc<BlockLog>,
     /// Whether the environment mismatch was logged (once is enough).
@@ -295,7 +295,7 @@ impl ParallelBlocks {
 
     fn execute_block(
         &self,
-        block: &overdrive_primitives::RecoveredBlock,
+        block: &overdrive_primitives::BlockWithSenders,
         env: &EvmEnv,
         ctx: &EthBlockExecutionCtx<'_>,
         state: &mut dyn BlockState,

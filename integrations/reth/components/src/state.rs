@@ -145,15 +145,15 @@ mod tests {
         block::BlockExecutor as _,
         eth::{EthBlockExecutor, EthEvmFactory, receipt_builder::AlloyReceiptBuilder},
     };
-    use overdrive_executor::{BlockExecutor as _, SequentialExecutor, evm_env, execution_ctx};
-    use overdrive_primitives::{ChainSpec, MemState, RecoveredBlock};
+    use overdrive_executor::{ExecuteBlock as _, SequentialExecutor, evm_env, execution_ctx};
+    use overdrive_primitives::{BlockWithSenders, ChainParams, MemState};
     use overdrive_workload::{WorkloadConfig, WorkloadKind};
     use revm::database::{WrapDatabaseRef, states::bundle_state::BundleRetention};
 
     /// Executes `block` on `state` with alloy-evm's executor, as reth's does, and merges it.
     fn execute_here(
-        spec: &ChainSpec,
-        block: &RecoveredBlock,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
         state: &mut State<WrapDatabaseRef<&MemState>>,
     ) {
         state.prepare();

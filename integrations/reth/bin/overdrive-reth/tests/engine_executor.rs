@@ -398,7 +398,7 @@ fn workload_blocks_match_reth() {
 #[test]
 fn random_blocks_match_reth() {
     use common::Fork;
-    use overdrive_executor::{BlockExecutor, SequentialExecutor};
+    use overdrive_executor::{ExecuteBlock, SequentialExecutor};
     for fork in [Fork::Cancun, Fork::Prague] {
         for seed in 0..3 {
             let seed = common::seed_base() + seed;

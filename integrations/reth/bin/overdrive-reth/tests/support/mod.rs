@@ -138,7 +138,7 @@ pub fn reth_block(
 }
 
 /// reth's form of a recovered block of overdrive's executor.
-pub fn reth_recovered(block: &overdrive_primitives::RecoveredBlock) -> RecoveredBlock<Block> {
+pub fn reth_recovered(block: &overdrive_primitives::BlockWithSenders) -> RecoveredBlock<Block> {
     let senders = block.transactions.iter().map(|tx| tx.signer()).collect();
     let alloy = AlloyBlock {
         header: block.header.clone(),
