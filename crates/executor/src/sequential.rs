@@ -105,7 +105,18 @@ pub(crate) fn execute_block<DB: StateReader>(
     block: &BlockWithSenders,
     state: &DB,
 ) -> Result<BlockOutput, ExecutionError> {
+    execute_block_with_hook(spec, block, state, None)
+}
+
+/// [`execute_block`], with `hook` hearing every commit, as reth's executor's state hook does.
+pub(crate) fn execute_block_with_hook<DB: StateReader>(
+    spec: &ChainParams,
+    block: &BlockWithSenders,
+    state: &DB,
+    hook: Option<Box<dyn revm::database::OnStateHook>>,
+) -> Result<BlockOutput, ExecutionError> {
     let mut db = block_state(state, block);
+    db.set_state_hook(hook);
     let evm = EthEvmFactory::default().create_evm(&mut db, evm_env(spec, block));
     let executor = EthBlockExecutor::new(
         evm,

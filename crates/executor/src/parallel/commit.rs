@@ -443,15 +443,19 @@ impl<'a, DB: StateReader> Committer<'_, '_, 'a, DB> {
                 .all(|(address, a)| !a.is_touched() || db.cache.accounts.contains_key(address)),
             "a touched account of transaction {k} is missing from the committed cache"
         );
-        // Without a state hook and a block-access-list builder (checked above), `commit_iter`
-        // is exactly this cache update and fold.
-        debug_assert!(db.state_hook.is_none());
+        // Without a block-access-list builder (checked above), `commit_iter` is exactly this
+        // cache update and fold, and then hands the changes to the state hook, if any.
         if let Some(transitions) = &mut self.transitions {
+            // The hook gets a copy: the map is drained into the cache.
+            let for_hook = db.state_hook.is_some().then(|| exec.state.clone());
             for (address, transition) in db.cache.apply_evm_state(exec.state.drain(), |_, _| {}) {
                 // The storage is the transaction's own map, moved (`apply_evm_state` borrows
                 // nothing).
                 let transition = transition.map_storage(|s| s.map(Cow::into_owned));
                 transitions.push(address, Pending::Evm(transition));
+            }
+            if let (Some(hook), Some(changes)) = (db.state_hook.as_mut(), for_hook) {
+                hook.on_state(changes);
             }
         } else {
             db.commit_iter(&mut exec.state.drain());

@@ -46,7 +46,7 @@ use mv::{Location, MvMemory, TxIdx};
 use overdrive_primitives::EthereumHardforks;
 use overdrive_primitives::{BlockWithSenders, ChainParams};
 use overdrive_tasks::{Pinning, worker_pool};
-use revm::primitives::hardfork::SpecId;
+use revm::{database::OnStateHook, primitives::hardfork::SpecId};
 use sched::{COMMITTED, Scheduler, lock};
 use spec::{NewCode, SpecRun, SpecShared, Speculator};
 use std::{
@@ -373,6 +373,7 @@ impl ParallelExecutor {
         spec: &ChainParams,
         block: &BlockWithSenders,
         db: &DB,
+        hook: Option<Box<dyn OnStateHook>>,
     ) -> Result<(BlockOutput, CommitStats), ExecutionError> {
         let started = std::time::Instant::now();
         let env = evm_env(spec, block);
@@ -393,6 +394,9 @@ impl ParallelExecutor {
         });
 
         let mut state = block_state(db, block);
+        // Every commit on the committer's state (system calls, exact and validated
+        // transactions, deferred fees, post-block changes) reaches the hook in order.
+        state.set_state_hook(hook);
         let n = block.transactions.len();
         // The shards share the block state's hasher (see `Transitions::new`).
         let hasher = state
@@ -573,6 +577,23 @@ impl ParallelExecutor {
         block: &BlockWithSenders,
         state: &DB,
     ) -> Result<(BlockOutput, Option<CommitStats>), ExecutionError> {
+        self.execute_with_state_hook(spec, block, state, None)
+    }
+
+    /// [`Self::execute_with_stats`], handing `hook` every state change committed during the
+    /// block as it is committed, in the order and form `revm::State::commit` hands its own
+    /// state hook: the system calls', each transaction's (as the committer commits it, while
+    /// later ones still execute), the deferred coinbase fees', the post-block changes'. A node's
+    /// state-root task can so hash the block's changes while the block executes, as it does
+    /// for the sequential executor. A block that fails part-way leaves the hook with the
+    /// changes committed until then.
+    pub fn execute_with_state_hook<DB: StateReader>(
+        &self,
+        spec: &ChainParams,
+        block: &BlockWithSenders,
+        state: &DB,
+        hook: Option<Box<dyn OnStateHook>>,
+    ) -> Result<(BlockOutput, Option<CommitStats>), ExecutionError> {
         // A panic anywhere (a state reader's, the system calls', the scheduler's, an exact
         // execution's) rejects the block on either path; the block's state is dropped with it,
         // so nothing partial survives. A speculative execution's panic only sends its
@@ -581,9 +602,10 @@ impl ParallelExecutor {
         let pool = self.pool.as_ref().filter(|_| self.worth_parallel(block));
         let result = catch_unwind(AssertUnwindSafe(|| match pool {
             Some(pool) => self
-                .execute_parallel(pool, spec, block, state)
+                .execute_parallel(pool, spec, block, state, hook)
                 .map(|(output, stats)| (output, Some(stats))),
-            None => sequential::execute_block(spec, block, state).map(|output| (output, None)),
+            None => sequential::execute_block_with_hook(spec, block, state, hook)
+                .map(|output| (output, None)),
         }))
         .unwrap_or_else(|panic| Err(ExecutionError::WorkerPanic(panic_message(panic.as_ref()))));
         let (recorded, stats) = match result {
