@@ -12,6 +12,13 @@ OVERDRIVE_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/overdrive
 RETH_TARGET=${OVERDRIVE_RETH_TARGET:-$OVERDRIVE_CACHE/target-reth}
 _checkout=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$OVERDRIVE_CACHE"
+# Cargo takes a path crate as fresh when its sources are older than its last build. After
+# another checkout built through the stable path, this one's older files would pass for built:
+# touching them makes cargo rebuild overdrive's crates (not reth's) from this checkout.
+if [ "$(readlink "$OVERDRIVE_CACHE/checkout" 2>/dev/null)" != "$_checkout" ]; then
+  find "$_checkout/crates" "$_checkout/bin" "$_checkout/integrations/reth/components" \
+    "$_checkout/integrations/reth/bin" -name '*.rs' -exec touch {} + 2>/dev/null || true
+fi
 ln -sfn "$_checkout" "$OVERDRIVE_CACHE/checkout"
 RETH_MANIFEST=$OVERDRIVE_CACHE/checkout/integrations/reth/Cargo.toml
 export CARGO_NET_GIT_FETCH_WITH_CLI=true

@@ -14,9 +14,11 @@
 //!   (bloom included) and leaves the state commit to the caller. Tested against
 //!   `commit_transaction` here.
 //! - The state commit in `commit.rs`: `CacheState::apply_evm_state` with the transitions
-//!   queued, which is revm's `State::commit_iter` for a `State` without a state hook and
-//!   without a block-access-list builder (the committer checks both are absent). It would go
-//!   with a `State` method that updates the cache and returns the transitions unfolded.
+//!   queued, then the changes handed to the state hook if there is one, which is revm's
+//!   `State::commit` for a `State` without a block-access-list builder (the committer checks
+//!   it is absent); `tests/state_hook.rs` compares what the hook hears with the sequential
+//!   executor's. It would go with a `State` method that updates the cache and returns the
+//!   transitions unfolded.
 //! - `merge.rs`: revm's `State::merge_transitions` (present accounts and
 //!   `TransitionAccount::create_revert`), split across two threads; `merge::tests` compares it
 //!   with revm's own merge on the same transitions. It would go with a parallel merge in revm.

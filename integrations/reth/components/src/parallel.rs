@@ -18,6 +18,7 @@ use reth_provider::{
 };
 use reth_revm::database::StateProviderDatabase;
 use reth_stages_types::StageId;
+use revm::database::OnStateHook;
 use std::{
     fmt,
     sync::{Arc, Mutex},
@@ -340,17 +341,31 @@ impl ParallelBlocks {
         let prepared = started.elapsed();
         // One thread reads each location once anyway (its `revm::State` caches it); several
         // read it on the thread that speculates and again on the committer.
-        let (mut output, stats) = if self.executor.config().threads > 1 {
+        // reth's state hook (its state-root task) hears each change as overdrive's committer
+        // commits it, as it would from reth's executor, so that the root is hashed while the
+        // block executes; it is back on reth's state once the block is done, however it ends.
+        let hook = SharedHook::take_from(state);
+        let result = if self.executor.config().threads > 1 {
             let reader = BundleOverlay::new(state.bundle(), CachedReader::new(base));
-            self.executor.execute_with_stats(&self.spec, block, &reader)
+            self.executor
+                .execute_with_state_hook(&self.spec, block, &reader, hook.forwarder())
         } else {
             let reader = BundleOverlay::new(state.bundle(), base);
-            self.executor.execute_with_stats(&self.spec, block, &reader)
-        }
-        .map_err(Ineligible::Rejected)?;
+            self.executor
+                .execute_with_state_hook(&self.spec, block, &reader, hook.forwarder())
+        };
+        let (mut output, stats) = match result {
+            Ok(done) => done,
+            Err(rejected) => {
+                hook.put_back(state);
+                return Err(Ineligible::Rejected(rejected));
+            }
+        };
         let executed = started.elapsed();
         let bundle = std::mem::take(&mut output.bundle);
+        // The hook heard the block already: it stays out while the bundle goes in.
         state.apply_block(bundle);
+        hook.put_back(state);
         tracing::debug!(
             target: "overdrive::exec",
             block = block.header.number,
@@ -376,5 +391,40 @@ impl ParallelBlocks {
             elapsed: started.elapsed(),
         });
         Ok((output, executed_by))
+    }
+}
+
+/// reth's state hook, lent to overdrive's executor for one block: the executor's `revm::State`
+/// needs an owned `'static` hook, so it gets a forwarder to this one, which goes back to reth's
+/// state afterwards (on any path: a forwarder the executor still holds forwards to nothing).
+struct SharedHook(Option<LentHook>);
+
+/// The lent hook; `None` once it went back.
+type LentHook = Arc<Mutex<Option<Box<dyn OnStateHook>>>>;
+
+impl SharedHook {
+    fn take_from(state: &mut dyn BlockState) -> Self {
+        Self(
+            state
+                .take_state_hook()
+                .map(|hook| Arc::new(Mutex::new(Some(hook)))),
+        )
+    }
+
+    /// A hook that hands every update to the lent one, while it is lent.
+    fn forwarder(&self) -> Option<Box<dyn OnStateHook>> {
+        let shared = Arc::clone(self.0.as_ref()?);
+        Some(Box::new(move |update: revm::state::EvmState| {
+            if let Some(hook) = shared.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                hook.on_state(update);
+            }
+        }))
+    }
+
+    fn put_back(self, state: &mut dyn BlockState) {
+        if let Some(shared) = self.0 {
+            let hook = shared.lock().unwrap_or_else(|p| p.into_inner()).take();
+            state.set_state_hook(hook);
+        }
     }
 }

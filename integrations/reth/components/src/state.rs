@@ -9,7 +9,7 @@
 use alloy_primitives::U256;
 use revm::{
     Database,
-    database::{BundleAccount, BundleState, State},
+    database::{BundleAccount, BundleState, OnStateHook, State},
     state::{
         Account, AccountInfo, AccountStatus, EvmState, EvmStorage, EvmStorageSlot, TransactionId,
     },
@@ -32,6 +32,13 @@ pub trait BlockState {
     ///   can run the next block on this state;
     /// - the state hook, if any, has heard the block's changes (see [`hook_updates`]).
     fn apply_block(&mut self, block: BundleState);
+
+    /// Takes the state hook (reth's state-root task listens through it), so that the
+    /// executor that runs the block can hand it each change as it commits it.
+    fn take_state_hook(&mut self) -> Option<Box<dyn OnStateHook>>;
+
+    /// Puts a hook taken with [`Self::take_state_hook`] back.
+    fn set_state_hook(&mut self, hook: Option<Box<dyn OnStateHook>>);
 }
 
 impl<DB: Database> BlockState for State<DB> {
@@ -62,6 +69,14 @@ impl<DB: Database> BlockState for State<DB> {
         self.cache.contracts.clear();
         self.use_preloaded_bundle = true;
         self.transition_state = None;
+    }
+
+    fn take_state_hook(&mut self) -> Option<Box<dyn OnStateHook>> {
+        self.state_hook.take()
+    }
+
+    fn set_state_hook(&mut self, hook: Option<Box<dyn OnStateHook>>) {
+        State::set_state_hook(self, hook);
     }
 }
 

@@ -117,6 +117,8 @@ fn engine_run_at<C: ConfigureEvm<Primitives = EthPrimitives>>(
         .map(|(_, r)| (r.receipts, r.gas_used, r.blob_gas_used, r.requests))
         .map_err(|e| e.to_string())
     };
+    // Whichever executor ran the block, reth's hook is back on reth's state.
+    assert!(db.state_hook.is_some(), "the state hook was not put back");
     db.merge_transitions(BundleRetention::Reverts);
     let bundle = db.take_bundle();
     let hook = std::mem::take(&mut *heard.lock().unwrap());
@@ -249,6 +251,14 @@ fn assert_agree(
             hook_root(factory, first.parent_hash(), &got.hook),
             root,
             "{what}: overdrive's hook root"
+        );
+        // The hook heard the block as it was committed (one update a transaction at least),
+        // not folded at its end.
+        let txs = first.body().transactions.len();
+        assert!(
+            got.hook.len() >= txs,
+            "{what}: {} updates for {txs} transactions",
+            got.hook.len()
         );
     }
 
