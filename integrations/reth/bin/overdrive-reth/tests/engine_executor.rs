@@ -35,11 +35,13 @@ use std::sync::{Arc, Mutex};
 use support::Factory;
 
 /// reth's configuration and overdrive's over it, the parallel executor on `threads` threads
-/// with every block on its parallel path.
+/// with every block on its parallel path, reth's state hook hearing each commit (`stream`) or
+/// the block folded at its end.
 fn configs(
     spec: &Arc<ChainSpec>,
     factory: &Factory,
     threads: usize,
+    stream: bool,
 ) -> (
     EthEvmConfig<ChainSpec, RethEvmFactory>,
     OverdriveEvmConfig,
@@ -61,7 +63,8 @@ fn configs(
         config,
         Arc::new(FactoryOpener(factory.clone())),
         log.clone(),
-    );
+    )
+    .stream_state_hook(stream);
     let ours = OverdriveEvmConfig::new(reth.clone(), Some(Arc::new(parallel)));
     (reth, ours, log)
 }
@@ -219,47 +222,68 @@ fn assert_agree(
     blocks: &[RecoveredBlock<Block>],
     what: &str,
 ) -> usize {
-    let (reth, ours, log) = configs(spec, factory, 2);
+    let (reth, ours, log) = configs(spec, factory, 2, true);
 
     // The engine: block 1 on its parent.
     let first = &blocks[0];
     let expected = engine_run(&reth, factory, first);
-    let got = engine_run(&ours, factory, first);
-    assert_eq!(
-        got.result, expected.result,
-        "{what}: engine result of block 1"
-    );
-    assert_same_rows(
-        written(&got.bundle),
-        written(&expected.bundle),
-        &format!("{what}: engine, block 1"),
-    );
-    if expected.result.is_ok() {
-        let root = factory
-            .history_by_block_hash(first.parent_hash())
-            .unwrap()
-            .state_root(HashedPostState::from_bundle_state::<
-                reth_trie::KeccakKeyHasher,
-            >(&expected.bundle.state))
-            .unwrap();
+    let (_, folded, folded_log) = configs(spec, factory, 2, false);
+    for stream in [true, false] {
+        let (ours, runs) = if stream {
+            (&ours, &log)
+        } else {
+            (&folded, &folded_log)
+        };
+        let what = &format!("{what} (hook streamed: {stream})");
+        let got = engine_run(ours, factory, first);
         assert_eq!(
-            hook_root(factory, first.parent_hash(), &expected.hook),
-            root,
-            "{what}: reth's hook root"
+            got.result, expected.result,
+            "{what}: engine result of block 1"
         );
-        assert_eq!(
-            hook_root(factory, first.parent_hash(), &got.hook),
-            root,
-            "{what}: overdrive's hook root"
+        assert_same_rows(
+            written(&got.bundle),
+            written(&expected.bundle),
+            &format!("{what}: engine, block 1"),
         );
-        // The hook heard the block as it was committed (one update a transaction at least),
-        // not folded at its end.
-        let txs = first.body().transactions.len();
-        assert!(
-            got.hook.len() >= txs,
-            "{what}: {} updates for {txs} transactions",
-            got.hook.len()
-        );
+        if expected.result.is_ok() {
+            let root = factory
+                .history_by_block_hash(first.parent_hash())
+                .unwrap()
+                .state_root(HashedPostState::from_bundle_state::<
+                    reth_trie::KeccakKeyHasher,
+                >(&expected.bundle.state))
+                .unwrap();
+            assert_eq!(
+                hook_root(factory, first.parent_hash(), &expected.hook),
+                root,
+                "{what}: reth's hook root"
+            );
+            assert_eq!(
+                hook_root(factory, first.parent_hash(), &got.hook),
+                root,
+                "{what}: overdrive's hook root"
+            );
+            let txs = first.body().transactions.len();
+            if stream {
+                // The hook heard the block as it was committed (one update a transaction at
+                // least), not folded at its end.
+                assert!(
+                    got.hook.len() >= txs,
+                    "{what}: {} updates for {txs} transactions",
+                    got.hook.len()
+                );
+            } else if got.hook.len() > 2 {
+                // Folded: the block's destructions, then its changes (reth's executor hears each
+                // commit where overdrive's left the block to it).
+                assert!(
+                    runs.records()
+                        .iter()
+                        .all(|r| r.executed_by == ExecutedBy::Reth),
+                    "{what}: {} updates, folded",
+                    got.hook.len()
+                );
+            }
+        }
     }
 
     // The pipeline: all blocks on one state.
@@ -457,7 +481,7 @@ fn invalid_transactions_get_reths_error() {
     block.transactions.insert(10, tx);
     let block = support::reth_recovered(&block);
     assert_agree(&spec, &factory, std::slice::from_ref(&block), "nonce ahead");
-    let (reth, _, _) = configs(&spec, &factory, 2);
+    let (reth, _, _) = configs(&spec, &factory, 2, true);
     assert!(
         engine_run(&reth, &factory, &block).result.is_err(),
         "the block must be invalid"
@@ -472,7 +496,7 @@ fn unknown_parents_run_on_reths_executor() {
     let mut block = generator.block(&state, 20);
     block.header.parent_hash = B256::repeat_byte(0x5e);
     let block = support::reth_recovered(&block);
-    let (reth, ours, log) = configs(&spec, &factory, 2);
+    let (reth, ours, log) = configs(&spec, &factory, 2, true);
     let expected = engine_run_at(&reth, &factory, &block, spec.genesis_hash());
     let got = engine_run_at(&ours, &factory, &block, spec.genesis_hash());
     assert!(expected.result.is_ok());
