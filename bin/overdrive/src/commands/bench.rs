@@ -1,7 +1,7 @@
 use super::split::{SplitReference, SplitTiming};
 use clap::{Args, Subcommand, ValueEnum};
 use eyre::WrapErr;
-use overdrive_bench::process_cpu_time;
+use overdrive_bench::{process_cpu_time, round};
 use overdrive_executor::{
     BlockOutput, ExecuteBlock, ParallelConfig, ParallelExecutor, Scheduling, SequentialExecutor,
     TransitionFolding,
@@ -332,13 +332,6 @@ struct Pair {
 /// Milliseconds to the microsecond, for the logs.
 fn ms(d: Duration) -> f64 {
     round(d.as_secs_f64() * 1e3, 3)
-}
-
-/// `x` to `digits` decimals: the JSON report's figures, without float noise in the last
-/// places (`97.02098500000001`).
-fn round(x: f64, digits: i32) -> f64 {
-    let scale = 10f64.powi(digits);
-    (x * scale).round() / scale
 }
 
 /// The median (by wall time) of `timings`.

@@ -91,13 +91,13 @@ impl Default for TrieBenchConfig {
 /// A millisecond figure to the microsecond in the JSON, without float noise in the last
 /// places (`147.85725000000002`).
 fn micros<S: serde::Serializer>(ms: &f64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64((ms * 1e3).round() / 1e3)
+    s.serialize_f64(crate::round(*ms, 3))
 }
 
 /// A ratio to three decimals in the JSON.
 fn thousandths<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
     match x {
-        Some(x) => s.serialize_some(&((x * 1e3).round() / 1e3)),
+        Some(x) => s.serialize_some(&crate::round(*x, 3)),
         None => s.serialize_none(),
     }
 }

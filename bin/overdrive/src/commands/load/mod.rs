@@ -196,7 +196,7 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
     }
     let (stock, overdrive) = (&reports[0], &reports[1]);
     let speedup = if stock.tps > 0.0 {
-        (overdrive.tps / stock.tps * 100.0).round() / 100.0
+        overdrive_bench::round(overdrive.tps / stock.tps, 2)
     } else {
         0.0
     };

@@ -11,6 +11,7 @@ use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use clap::Args;
 use eyre::{WrapErr, bail, eyre};
 use hmac::{Hmac, Mac};
+use overdrive_bench::round;
 use serde_json::{Value, json};
 use std::{
     path::{Path, PathBuf},
@@ -83,14 +84,14 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     }
     let gas_per_s = |r: &Replayed| r.gas as f64 / r.seconds;
     let (stock, overdrive) = (gas_per_s(&results[0]), gas_per_s(&results[1]));
-    let speedup = (overdrive / stock * 100.0).round() / 100.0;
+    let speedup = round(overdrive / stock, 2);
     println!("replay: {speedup}x overdrive over stock");
     if args.json {
         println!(
             "{}",
             json!({"bench": "replay", "blocks": results[0].blocks,
-                "stock_mgas_per_s": (stock / 1e4).round() / 100.0,
-                "overdrive_mgas_per_s": (overdrive / 1e4).round() / 100.0, "speedup": speedup})
+                "stock_mgas_per_s": round(stock / 1e6, 2),
+                "overdrive_mgas_per_s": round(overdrive / 1e6, 2), "speedup": speedup})
         );
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! What a load run measured, from the chain: blocks as the poller saw them and, per
 //! transaction, when it was sent and when its block was first seen.
 
+use overdrive_bench::round;
 use serde::Serialize;
 use std::{collections::BTreeMap, fmt::Write as _};
 
@@ -130,7 +131,7 @@ impl Report {
                 Second {
                     t,
                     tps: within.len(),
-                    p50_ms: round(percentile(&within, 0.50)),
+                    p50_ms: round(percentile(&within, 0.50), 2),
                 }
             })
             .collect();
@@ -141,13 +142,13 @@ impl Report {
             included: observed.included.iter().flatten().count(),
             rejected: observed.rejected.values().sum(),
             rejected_by_error: observed.rejected.clone(),
-            tps: round(tps),
-            gas_per_s: round(gas_per_s),
-            p50_ms: round(percentile(&all, 0.50)),
-            p95_ms: round(percentile(&all, 0.95)),
-            p99_ms: round(percentile(&all, 0.99)),
+            tps: round(tps, 2),
+            gas_per_s: round(gas_per_s, 2),
+            p50_ms: round(percentile(&all, 0.50), 2),
+            p95_ms: round(percentile(&all, 0.95), 2),
+            p99_ms: round(percentile(&all, 0.99), 2),
             blocks: carrying.len(),
-            window_s: round(window_s),
+            window_s: round(window_s, 2),
             node_cpu_s: None,
             node_cpu_us_per_tx: None,
             stage_ms_per_block: BTreeMap::new(),
@@ -161,16 +162,16 @@ impl Report {
         let blocks = self.block_log.len().saturating_sub(1).max(1) as f64;
         self.stage_ms_per_block = seconds
             .into_iter()
-            .map(|(stage, s)| (stage, round(s * 1e3 / blocks)))
+            .map(|(stage, s)| (stage, round(s * 1e3 / blocks, 2)))
             .collect();
     }
 
     /// Records the CPU seconds the node used during the run.
     pub fn set_node_cpu(&mut self, seconds: Option<f64>) {
-        self.node_cpu_s = seconds.map(round);
+        self.node_cpu_s = seconds.map(|s| round(s, 2));
         self.node_cpu_us_per_tx = seconds
             .filter(|_| self.included > 0)
-            .map(|s| round(s * 1e6 / self.included as f64));
+            .map(|s| round(s * 1e6 / self.included as f64, 2));
     }
 
     /// TPS and median latency over time, as an SVG line chart.
@@ -227,11 +228,6 @@ fn percentile(values: &[f64], q: f64) -> f64 {
     }
     let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
     values[rank - 1]
-}
-
-/// Two decimals: figures for people, not 15-digit floats.
-fn round(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 #[cfg(test)]
