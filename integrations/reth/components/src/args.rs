@@ -2,6 +2,7 @@
 //! and with all of them off the node is stock reth.
 
 use clap::{Args, Parser, ValueEnum};
+use overdrive_intake::BatchLimits;
 use std::ffi::OsString;
 
 /// Which executor runs the blocks a node validates or imports.
@@ -15,7 +16,7 @@ pub enum ExecMode {
 }
 
 /// overdrive's switches, shown under "Overdrive" in `overdrive-reth node --help`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
 #[command(next_help_heading = "Overdrive")]
 pub struct OverdriveArgs {
     /// The executor of validated and imported blocks (engine, pipeline, backfill, `import`).
@@ -31,24 +32,87 @@ pub struct OverdriveArgs {
     /// machine's cores].
     #[arg(long = "overdrive.exec.threads", value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub exec_threads: Option<u16>,
+
+    /// Validate batches of pooled transactions in parallel by sender, and serve
+    /// `overdrive_sendRawTransactions` (a list of raw transactions in one call).
+    #[arg(long = "overdrive.pool")]
+    pub pool: bool,
+
+    /// Threads that recover senders and validate batches [default: the machine's cores].
+    #[arg(long = "overdrive.pool.threads", value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub pool_threads: Option<u16>,
+
+    /// The most transactions one `overdrive_sendRawTransactions` call may carry.
+    #[arg(long = "overdrive.pool.max-batch", value_name = "N", default_value_t = BatchLimits::default().max_txs, value_parser = positive)]
+    pub pool_max_batch: usize,
 }
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("expected a positive number, got {s:?}")),
+    }
+}
+
+impl Default for OverdriveArgs {
+    fn default() -> Self {
+        Self {
+            exec: ExecMode::default(),
+            exec_threads: None,
+            pool: false,
+            pool_threads: None,
+            pool_max_batch: BatchLimits::default().max_txs,
+        }
+    }
+}
+
+/// The flags that take no value.
+const SWITCHES: &[&str] = &["--overdrive.pool"];
 
 impl OverdriveArgs {
     /// Whether any component is on (otherwise the node is stock reth).
     pub fn any_on(&self) -> bool {
+        self.exec == ExecMode::Parallel || self.pool
+    }
+
+    /// Whether the parallel executor is on (the components that replace reth's executor).
+    pub fn exec_on(&self) -> bool {
         self.exec == ExecMode::Parallel
     }
 
     /// One line for the startup log: each component and whether it is on.
     pub fn summary(&self) -> String {
-        match self.exec {
+        let threads = |n: Option<u16>| n.map_or_else(|| "all".to_string(), |n| n.to_string());
+        let exec = match self.exec {
             ExecMode::Sequential => "executor: reth (sequential)".to_string(),
             ExecMode::Parallel => format!(
                 "executor: overdrive parallel ({} threads)",
-                self.exec_threads()
-                    .map_or_else(|| "all".to_string(), |n| n.to_string())
+                threads(self.exec_threads)
             ),
+        };
+        let pool = if self.pool {
+            format!(
+                "pool: overdrive batched ({} threads, batches of at most {})",
+                threads(self.pool_threads),
+                self.pool_max_batch
+            )
+        } else {
+            "pool: reth".to_string()
+        };
+        format!("{exec}; {pool}")
+    }
+
+    /// The batch limits of `overdrive_sendRawTransactions`.
+    pub fn pool_limits(&self) -> BatchLimits {
+        BatchLimits {
+            max_txs: self.pool_max_batch,
+            ..BatchLimits::default()
         }
+    }
+
+    /// `--overdrive.pool.threads`, if given.
+    pub fn pool_threads(&self) -> Option<usize> {
+        self.pool_threads.map(usize::from)
     }
 
     /// `--overdrive.exec.threads`, if given.
@@ -87,10 +151,11 @@ pub fn split_args(
             rest.push(arg);
             continue;
         }
-        // Every flag takes a value, inline (`--overdrive.exec=parallel`) or next.
-        let inline = text.contains('=');
+        // Every flag but the switches takes a value, inline (`--overdrive.exec=parallel`) or
+        // next.
+        let takes_next = !text.contains('=') && !SWITCHES.contains(&text.as_ref());
         ours.push(arg);
-        if !inline && let Some(value) = args.next() {
+        if takes_next && let Some(value) = args.next() {
             ours.push(value);
         }
     }
@@ -132,7 +197,24 @@ mod tests {
         assert_eq!(rest, ["overdrive-reth", "node", "--dev"]);
         assert_eq!(args, OverdriveArgs::default());
         assert!(!args.any_on());
-        assert_eq!(args.summary(), "executor: reth (sequential)");
+        assert_eq!(args.summary(), "executor: reth (sequential); pool: reth");
+    }
+
+    #[test]
+    fn the_pool_switch_takes_no_value() {
+        let (rest, args) = split(
+            "overdrive-reth node --overdrive.pool --dev --overdrive.pool.threads 3 --overdrive.pool.max-batch=500",
+        )
+        .unwrap();
+        assert_eq!(rest, ["overdrive-reth", "node", "--dev"]);
+        assert!(args.pool && args.any_on() && !args.exec_on());
+        assert_eq!(args.pool_threads(), Some(3));
+        assert_eq!(args.pool_limits().max_txs, 500);
+        assert_eq!(
+            args.summary(),
+            "executor: reth (sequential); pool: overdrive batched (3 threads, batches of at most 500)"
+        );
+        assert!(split("overdrive-reth node --overdrive.pool.max-batch 0").is_err());
     }
 
     #[test]

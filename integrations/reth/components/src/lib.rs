@@ -5,12 +5,15 @@
 //!   backfill); payload building, tracing and execution witnesses stay on reth's executor.
 //! - [`OverdriveNode`]: reth's `EthereumNode` with that executor, for `node` and the offline
 //!   commands; [`import::ImportCommand`] is `import` with the database at hand.
+//! - [`pool::OverdrivePoolBuilder`]: reth's transaction pool whose validator runs batches in
+//!   parallel by sender, and [`rpc::BatchSubmit`], the `overdrive_sendRawTransactions`
+//!   endpoint that feeds it batches (`--overdrive.pool`).
 //! - [`exex::timings_exex`]: an ExEx reporting which executor ran each committed block, its time
 //!   and gas.
 //! - [`OverdriveArgs`]: the `--overdrive.*` flags; with every component off the node is stock
 //!   reth.
 //!
-//! The logic lives in the core crates (`overdrive-executor`); this crate adapts reth's types and
+//! The logic lives in the core crates (`overdrive-executor`, `overdrive-intake`); this crate adapts reth's types and
 //! registers the components.
 
 pub mod args;
@@ -21,6 +24,8 @@ pub mod exex;
 pub mod import;
 mod node;
 mod parallel;
+pub mod pool;
+pub mod rpc;
 mod state;
 
 pub use args::{ExecMode, OverdriveArgs, split_args};

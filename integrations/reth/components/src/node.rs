@@ -2,8 +2,11 @@
 //! the offline commands get the same EVM configuration.
 
 use crate::{
-    BlockLog, OverdriveArgs, OverdriveEvmConfig, ParallelBlocks, ProviderOpener, args::ExecMode,
+    BlockLog, OverdriveArgs, OverdriveEvmConfig, ParallelBlocks, ProviderOpener,
+    args::ExecMode,
+    pool::{IntakeShared, OverdrivePoolBuilder},
 };
+use overdrive_intake::{Intake, IntakeConfig, IntakeError};
 use reth_chainspec::ChainSpec;
 use reth_ethereum_consensus::EthBeaconConsensus;
 use reth_ethereum_primitives::EthPrimitives;
@@ -18,7 +21,6 @@ use reth_node_ethereum::{
     node::{
         EthereumAddOns, EthereumConsensusBuilder, EthereumEngineValidatorBuilder,
         EthereumExecutorBuilder, EthereumNetworkBuilder, EthereumPayloadBuilder,
-        EthereumPoolBuilder,
     },
 };
 use reth_provider::EthStorage;
@@ -29,15 +31,32 @@ use std::sync::Arc;
 pub struct OverdriveNode {
     args: OverdriveArgs,
     log: Arc<BlockLog>,
+    intake: Option<Arc<IntakeShared>>,
 }
 
 impl OverdriveNode {
-    /// A node with the components `args` switches on.
-    pub fn new(args: OverdriveArgs) -> Self {
-        Self {
+    /// A node with the components `args` switches on (this starts the intake's workers when
+    /// `--overdrive.pool`).
+    pub fn new(args: OverdriveArgs) -> Result<Self, IntakeError> {
+        let intake = if args.pool {
+            let mut config = IntakeConfig::default();
+            if let Some(threads) = args.pool_threads() {
+                config.threads = threads;
+            }
+            Some(Arc::new(IntakeShared::new(Intake::new(config)?)))
+        } else {
+            None
+        };
+        Ok(Self {
             args,
             log: Arc::default(),
-        }
+            intake,
+        })
+    }
+
+    /// What the pool and `overdrive_sendRawTransactions` share, when `--overdrive.pool`.
+    pub fn intake(&self) -> Option<&Arc<IntakeShared>> {
+        self.intake.as_ref()
     }
 
     /// The switches.
@@ -81,7 +100,7 @@ where
 {
     type ComponentsBuilder = ComponentsBuilder<
         N,
-        EthereumPoolBuilder,
+        OverdrivePoolBuilder,
         BasicPayloadServiceBuilder<EthereumPayloadBuilder>,
         EthereumNetworkBuilder,
         OverdriveExecutorBuilder,
@@ -92,10 +111,12 @@ where
         EthereumAddOns<NodeAdapter<N>, EthereumEthApiBuilder, EthereumEngineValidatorBuilder>;
 
     fn components_builder(&self) -> Self::ComponentsBuilder {
-        EthereumNode::components().executor(OverdriveExecutorBuilder {
-            args: self.args.clone(),
-            log: self.log.clone(),
-        })
+        EthereumNode::components()
+            .pool(OverdrivePoolBuilder::new(self.intake.clone()))
+            .executor(OverdriveExecutorBuilder {
+                args: self.args.clone(),
+                log: self.log.clone(),
+            })
     }
 
     fn add_ons(&self) -> Self::AddOns {

@@ -3,7 +3,10 @@
 
 use clap::{Parser, Subcommand};
 use overdrive_reth_components::{
-    OverdriveArgs, OverdriveNode, exex, import::ImportCommand, split_args,
+    OverdriveArgs, OverdriveNode, exex,
+    import::ImportCommand,
+    rpc::{BatchSubmit, OverdriveApiServer},
+    split_args,
 };
 use reth_ethereum::cli::{
     chainspec::EthereumChainSpecParser,
@@ -66,7 +69,7 @@ fn run() -> eyre::Result<()> {
         Err(e) => e.exit(),
     };
     // `import` needs the database opened before its EVM configuration is built.
-    if args.any_on()
+    if args.exec_on()
         && let Some(command) = argv
             .iter_mut()
             .skip(1)
@@ -84,7 +87,7 @@ fn run() -> eyre::Result<()> {
     if let Commands::Ext(OverdriveCommands::Import(command)) = &mut cli.command {
         command.overdrive = args.clone();
     }
-    if args.any_on() {
+    if args.exec_on() {
         for filter in [
             &mut cli.logs.log_stdout_filter,
             &mut cli.logs.log_file_filter,
@@ -99,7 +102,7 @@ fn run() -> eyre::Result<()> {
     let offline = args.clone();
     cli.run_with_components::<OverdriveNode>(
         move |spec| {
-            if offline.any_on() {
+            if offline.exec_on() {
                 tracing::warn!(
                     target: "overdrive",
                     "this command runs reth's executor: {} applies to `node` and `import` only",
@@ -111,12 +114,31 @@ fn run() -> eyre::Result<()> {
         async move |builder, _| {
             tracing::info!(target: "overdrive", "overdrive components: {}", args.summary());
             exex::describe_metrics();
-            let node = OverdriveNode::new(args.clone());
+            let node = OverdriveNode::new(args.clone())?;
             let log = node.block_log().clone();
+            let intake = node.intake().cloned();
+            let limits = args.pool_limits();
             let handle = builder
                 .node(node)
-                .install_exex_if(args.any_on(), "overdrive-timings", async move |ctx| {
+                .install_exex_if(args.exec_on(), "overdrive-timings", async move |ctx| {
                     Ok(exex::timings_exex(ctx, log))
+                })
+                .extend_rpc_modules(move |ctx| {
+                    let Some(intake) = intake else {
+                        return Ok(());
+                    };
+                    if let Some(forwarder) = &ctx.config().rpc.rpc_forwarder {
+                        tracing::warn!(
+                            target: "overdrive",
+                            %forwarder,
+                            "overdrive_sendRawTransactions is not served: it inserts into the local pool only, and --rpc.forwarder forwards"
+                        );
+                        return Ok(());
+                    }
+                    let api = BatchSubmit::new(ctx.pool().clone(), intake, limits);
+                    ctx.modules.merge_configured(api.into_rpc())?;
+                    tracing::info!(target: "overdrive", "serving overdrive_sendRawTransactions");
+                    Ok(())
                 })
                 .launch_with_debug_capabilities()
                 .await?;

@@ -24,34 +24,9 @@ fn mine_all(flags: &[&str]) -> String {
     let dir = support::temp_dir("dev");
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     let (http, metrics) = (support::free_port(), support::free_port());
-    let log = std::fs::File::create(dir.path().join("node.log")).unwrap();
-    let node = support::KillOnDrop(
-        support::overdrive_reth()
-            .args(["node", "--dev", "--dev.block-time", "1s", "--chain"])
-            .arg(&genesis)
-            .arg("--datadir")
-            .arg(dir.path().join("data"))
-            .args(["--http", "--http.port", &http.to_string()])
-            .args(["--metrics", &format!("127.0.0.1:{metrics}")])
-            .args([
-                "--port",
-                &support::free_port().to_string(),
-                "--disable-discovery",
-            ])
-            .args([
-                "--authrpc.port",
-                &support::free_port().to_string(),
-                "--ipcdisable",
-            ])
-            .args(flags)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    support::wait_for("the node's RPC", Duration::from_secs(60), || {
-        support::rpc(http, "eth_blockNumber", serde_json::json!([]))
-    });
+    let mut node_flags = vec!["--dev.block-time", "1s"];
+    node_flags.extend_from_slice(flags);
+    let node = support::dev_node(&genesis, dir.path(), http, metrics, &node_flags);
 
     let raw: Vec<String> = workload
         .blocks

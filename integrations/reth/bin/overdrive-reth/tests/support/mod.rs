@@ -226,10 +226,45 @@ pub fn http(port: u16, path: &str, body: Option<&str>) -> Option<String> {
     Some(body.to_string())
 }
 
-/// A JSON-RPC call to the node's HTTP endpoint at `port`.
+/// A JSON-RPC call to the node's HTTP endpoint at `port`: its result.
 pub fn rpc(port: u16, method: &str, params: serde_json::Value) -> Option<serde_json::Value> {
+    rpc_response(port, method, params)?.get("result").cloned()
+}
+
+/// A JSON-RPC call to the node's HTTP endpoint at `port`: the whole response (result or
+/// error).
+pub fn rpc_response(
+    port: u16,
+    method: &str,
+    params: serde_json::Value,
+) -> Option<serde_json::Value> {
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let response: serde_json::Value =
-        serde_json::from_str(&http(port, "/", Some(&body.to_string()))?).ok()?;
-    response.get("result").cloned()
+    serde_json::from_str(&http(port, "/", Some(&body.to_string()))?).ok()
+}
+
+/// `overdrive-reth node --dev` on `genesis` with `flags`, its JSON-RPC on `http` and its
+/// metrics on `metrics`, logging to `dir/node.log`; returns once the RPC answers.
+pub fn dev_node(genesis: &Path, dir: &Path, http: u16, metrics: u16, flags: &[&str]) -> KillOnDrop {
+    let log = std::fs::File::create(dir.join("node.log")).unwrap();
+    let node = KillOnDrop(
+        overdrive_reth()
+            .args(["node", "--dev", "--chain"])
+            .arg(genesis)
+            .arg("--datadir")
+            .arg(dir.join("data"))
+            .args(["--http", "--http.port", &http.to_string()])
+            .args(["--http.api", "eth,net,web3,txpool"])
+            .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+            .args(["--port", &free_port().to_string(), "--disable-discovery"])
+            .args(["--authrpc.port", &free_port().to_string(), "--ipcdisable"])
+            .args(flags)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the node's RPC", Duration::from_secs(60), || {
+        rpc(http, "eth_blockNumber", serde_json::json!([]))
+    });
+    node
 }

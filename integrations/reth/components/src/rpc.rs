@@ -1,0 +1,173 @@
+//! `overdrive_sendRawTransactions`: a batch of raw transactions in one call, decoded and their
+//! senders recovered in parallel, inserted into the pool in one batch.
+//!
+//! Each transaction gets the answer `eth_sendRawTransaction` would give it (its hash, or the
+//! same error code and text), in the order sent. What differs from reth's endpoint: the batch
+//! goes into the local pool only (`--rpc.forwarder` is not used: the endpoint is not served
+//! when it is set), and blob sidecars are not upcast (`--rpc.force-blob-sidecar-upcasting`).
+
+use crate::pool::IntakeShared;
+use alloy_eips::eip2718::Decodable2718;
+use alloy_primitives::{B256, Bytes};
+use jsonrpsee::{
+    core::RpcResult,
+    proc_macros::rpc,
+    types::{
+        ErrorObject, ErrorObjectOwned,
+        error::{INTERNAL_ERROR_CODE, INVALID_PARAMS_CODE},
+    },
+};
+use overdrive_intake::BatchLimits;
+use reth_rpc_eth_types::EthApiError;
+use reth_transaction_pool::{
+    EthPooledTransaction, PoolTransaction, RawPoolTransactionError, TransactionOrigin,
+    TransactionPool,
+};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// One transaction's answer: its hash when the pool took it, else the error
+/// `eth_sendRawTransaction` gives for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmitResult {
+    /// The transaction's hash, when accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<B256>,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<SubmitError>,
+}
+
+/// A refusal, as a JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitError {
+    /// The JSON-RPC error code `eth_sendRawTransaction` uses.
+    pub code: i32,
+    /// Its message ("nonce too low", ...).
+    pub message: String,
+}
+
+impl SubmitResult {
+    fn accepted(hash: B256) -> Self {
+        Self {
+            hash: Some(hash),
+            error: None,
+        }
+    }
+
+    fn refused(error: EthApiError) -> Self {
+        let error: ErrorObject<'static> = error.into();
+        Self {
+            hash: None,
+            error: Some(SubmitError {
+                code: error.code(),
+                message: error.message().to_string(),
+            }),
+        }
+    }
+}
+
+/// The `overdrive` namespace.
+#[rpc(server, client, namespace = "overdrive")]
+pub trait OverdriveApi {
+    /// Submits raw transactions (EIP-2718, as `eth_sendRawTransaction` takes each) and returns
+    /// one result per transaction, in order. A batch over the limits is refused whole.
+    #[method(name = "sendRawTransactions")]
+    async fn send_raw_transactions(&self, transactions: Vec<Bytes>)
+    -> RpcResult<Vec<SubmitResult>>;
+}
+
+/// The endpoint over a pool.
+#[derive(Debug)]
+pub struct BatchSubmit<Pool> {
+    pool: Pool,
+    shared: Arc<IntakeShared>,
+    limits: BatchLimits,
+}
+
+impl<Pool> BatchSubmit<Pool> {
+    /// Submits into `pool`, recovering on `shared`'s intake, refusing batches over `limits`.
+    pub fn new(pool: Pool, shared: Arc<IntakeShared>, limits: BatchLimits) -> Self {
+        Self {
+            pool,
+            shared,
+            limits,
+        }
+    }
+}
+
+/// Decodes and recovers one raw transaction as reth's `eth_sendRawTransaction` does, through
+/// reth's sender recovery cache when the node has one, so that the engine does not recover the
+/// sender again when the transaction comes back in a payload.
+fn recover(
+    raw: &[u8],
+    cache: Option<&reth_evm::SenderRecoveryCache>,
+) -> Result<EthPooledTransaction, RawPoolTransactionError> {
+    let Some(cache) = cache else {
+        return EthPooledTransaction::recover_raw_transaction(raw);
+    };
+    if raw.is_empty() {
+        return Err(RawPoolTransactionError::EmptyRawTransactionData);
+    }
+    let pooled = <EthPooledTransaction as PoolTransaction>::Pooled::decode_2718_exact(raw)
+        .map_err(|_| RawPoolTransactionError::FailedToDecodeSignedTransaction)?;
+    EthPooledTransaction::try_recover_with_cache(pooled, cache)
+        .map_err(|_| RawPoolTransactionError::InvalidTransactionSignature)
+}
+
+#[jsonrpsee::core::async_trait]
+impl<Pool> OverdriveApiServer for BatchSubmit<Pool>
+where
+    Pool: TransactionPool<Transaction = EthPooledTransaction> + 'static,
+{
+    async fn send_raw_transactions(
+        &self,
+        transactions: Vec<Bytes>,
+    ) -> RpcResult<Vec<SubmitResult>> {
+        self.limits
+            .check(transactions.iter().map(|raw| raw.len()))
+            .map_err(|e| ErrorObjectOwned::owned(INVALID_PARAMS_CODE, e.to_string(), None::<()>))?;
+        let count = transactions.len();
+        let intake = self.shared.intake().clone();
+        let cache = self.shared.recovery_cache().cloned();
+        let recovered = tokio::task::spawn_blocking(move || {
+            intake.map(transactions, |raw| recover(&raw, cache.as_ref()))
+        })
+        .await
+        .map_err(|e| {
+            ErrorObjectOwned::owned(
+                INTERNAL_ERROR_CODE,
+                format!("the intake's workers failed: {e}"),
+                None::<()>,
+            )
+        })?;
+
+        let mut results: Vec<Option<SubmitResult>> = vec![None; count];
+        let mut positions = Vec::with_capacity(count);
+        let mut decoded = Vec::with_capacity(count);
+        for (i, tx) in recovered.into_iter().enumerate() {
+            match tx {
+                Ok(tx) => {
+                    positions.push(i);
+                    decoded.push(tx);
+                }
+                Err(e) => results[i] = Some(SubmitResult::refused(e.into())),
+            }
+        }
+        let added = self
+            .pool
+            .add_transactions(TransactionOrigin::Local, decoded)
+            .await;
+        for (i, outcome) in positions.into_iter().zip(added) {
+            results[i] = Some(match outcome {
+                Ok(outcome) => SubmitResult::accepted(outcome.hash),
+                Err(e) => SubmitResult::refused(e.into()),
+            });
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every transaction has a result"))
+            .collect())
+    }
+}
