@@ -1,17 +1,19 @@
 //! Parallel work over a batch: in order, or in groups that keep each sender's transactions
 //! together.
 
-use overdrive_tasks::{Pinning, WorkerPool, worker_pool};
-use rayon::prelude::*;
-use std::{collections::HashMap, hash::Hash};
+use std::{
+    collections::HashMap,
+    hash::Hash,
+    sync::{Mutex, PoisonError},
+};
 
-/// How the intake's pool runs.
+/// How the intake runs a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IntakeConfig {
     /// Worker threads (at least one).
     pub threads: usize,
-    /// Batches smaller than this run on the caller's thread: waking the pool costs more than
-    /// a few signature checks.
+    /// Batches smaller than this run on the caller's thread alone: starting a thread costs
+    /// more than a few signature checks.
     pub min_parallel: usize,
 }
 
@@ -24,29 +26,26 @@ impl Default for IntakeConfig {
     }
 }
 
-/// The intake's pool could not start.
-#[derive(Debug, thiserror::Error)]
-#[error("starting the intake's worker pool: {0}")]
-pub struct IntakeError(#[from] rayon::ThreadPoolBuildError);
-
-/// A worker pool for the work on a batch of transactions.
-#[derive(Debug)]
+/// Parallel work on batches of transactions.
+///
+/// A batch runs on the thread that hands it over and on threads started for it, which end
+/// with it: a batch is milliseconds of signature checks against tens of microseconds to start
+/// a thread, and unlike a pool's idle workers, which spin a while waiting for more work, they
+/// take no CPU from the node's RPC and validation tasks between batches.
+#[derive(Debug, Clone, Copy)]
 pub struct Intake {
-    pool: WorkerPool,
     config: IntakeConfig,
 }
 
 impl Intake {
-    /// Starts the pool (threads named `intake-{i}`, not pinned: they share the node's cores).
-    pub fn new(config: IntakeConfig) -> Result<Self, IntakeError> {
-        let config = IntakeConfig {
-            threads: config.threads.max(1),
-            ..config
-        };
-        Ok(Self {
-            pool: worker_pool("intake", config.threads, Pinning::Off)?,
-            config,
-        })
+    /// Runs batches on up to `config.threads` threads (at least one).
+    pub fn new(config: IntakeConfig) -> Self {
+        Self {
+            config: IntakeConfig {
+                threads: config.threads.max(1),
+                ..config
+            },
+        }
     }
 
     /// Worker threads.
@@ -67,8 +66,53 @@ impl Intake {
         if !self.parallel(items.len()) {
             return items.into_iter().map(f).collect();
         }
-        self.pool
-            .install(|| items.into_par_iter().with_min_len(4).map(f).collect())
+        let chunk = items.len().div_ceil(self.config.threads);
+        let mut chunks = Vec::new();
+        let mut items = items.into_iter();
+        loop {
+            let part: Vec<T> = items.by_ref().take(chunk).collect();
+            if part.is_empty() {
+                break;
+            }
+            chunks.push(part);
+        }
+        self.run(chunks, |part| part.into_iter().map(&f).collect::<Vec<U>>())
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// `work` over each part, on the caller's thread and on a thread started for each other
+    /// part, each taking the next part left until none is; results in the parts' order. A
+    /// thread that cannot be started leaves its part to the others.
+    fn run<P: Send, R: Send>(&self, parts: Vec<P>, work: impl Fn(P) -> R + Sync) -> Vec<R> {
+        let count = parts.len();
+        let queue = Mutex::new(parts.into_iter().enumerate().collect::<Vec<_>>());
+        let done = Mutex::new(Vec::with_capacity(count));
+        let drain = || {
+            loop {
+                let next = queue.lock().unwrap_or_else(PoisonError::into_inner).pop();
+                let Some((i, part)) = next else { break };
+                let result = work(part);
+                done.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((i, result));
+            }
+        };
+        std::thread::scope(|scope| {
+            for _ in 1..count {
+                let started = std::thread::Builder::new()
+                    .name("intake".to_string())
+                    .spawn_scoped(scope, drain);
+                if started.is_err() {
+                    break;
+                }
+            }
+            drain();
+        });
+        let mut done = done.into_inner().unwrap_or_else(PoisonError::into_inner);
+        done.sort_unstable_by_key(|(i, _)| *i);
+        done.into_iter().map(|(_, result)| result).collect()
     }
 
     /// `f` over every item, with the items split into at most [`Self::threads`] groups such
@@ -106,15 +150,11 @@ impl Intake {
                     .collect()
             })
             .collect();
-        let done: Vec<Vec<(usize, U)>> = self.pool.install(|| {
-            work.into_par_iter()
-                .map(|group| {
-                    let mut state = open();
-                    group
-                        .into_iter()
-                        .map(|(i, item)| (i, f(&mut state, item)))
-                        .collect()
-                })
+        let done: Vec<Vec<(usize, U)>> = self.run(work, |group| {
+            let mut state = open();
+            group
+                .into_iter()
+                .map(|(i, item)| (i, f(&mut state, item)))
                 .collect()
         });
         let mut out: Vec<Option<U>> = std::iter::repeat_with(|| None).take(keys.len()).collect();
@@ -174,7 +214,6 @@ mod tests {
             threads,
             min_parallel: 2,
         })
-        .unwrap()
     }
 
     proptest! {
@@ -270,8 +309,7 @@ mod tests {
         let intake = Intake::new(IntakeConfig {
             threads: 4,
             min_parallel: 100,
-        })
-        .unwrap();
+        });
         let caller = std::thread::current().id();
         let threads = intake.map(vec![(); 10], |()| std::thread::current().id());
         assert!(threads.iter().all(|&t| t == caller));

@@ -7,7 +7,7 @@
 //!
 //! - [`BatchLimits`]: how many transactions and bytes one batch may hold, checked before any
 //!   work is done ([`BatchError`] says which limit and by how much).
-//! - [`Intake`]: a worker pool that maps a batch in parallel in order ([`Intake::map`]), and
+//! - [`Intake`]: maps a batch in parallel, in order ([`Intake::map`]), and
 //!   runs per-sender work in groups that keep each sender's transactions together and in order,
 //!   each group with state of its own such as a database read transaction
 //!   ([`Intake::by_sender`]).
@@ -21,6 +21,6 @@ mod groups;
 mod limits;
 mod memo;
 
-pub use groups::{Intake, IntakeConfig, IntakeError, sender_groups};
+pub use groups::{Intake, IntakeConfig, sender_groups};
 pub use limits::{BatchError, BatchLimits};
 pub use memo::ReadMemo;

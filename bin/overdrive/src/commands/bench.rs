@@ -46,6 +46,10 @@ pub enum BenchCommand {
     /// An exported chain replayed into a fresh node through the Engine API (newPayload,
     /// forkchoiceUpdated), stock reth against overdrive-reth: the validation path's gas/s.
     Replay(super::load::replay::ReplayArgs),
+    /// Transaction intake alone (no blocks built): a node's CPU time per accepted
+    /// transaction, stock reth (one `eth_sendRawTransaction` each, then with reth's batched
+    /// insertion) against `--overdrive.pool` with `overdrive_sendRawTransactions`.
+    Intake(super::load::intake::IntakeArgs),
 }
 
 /// How both benchmarks treat the heap.
@@ -242,6 +246,7 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
         BenchCommand::Trie(args) => trie(args),
         BenchCommand::Load(args) => super::load::run(args),
         BenchCommand::Replay(args) => super::load::replay::run(args),
+        BenchCommand::Intake(args) => super::load::intake::run(args),
     }
 }
 

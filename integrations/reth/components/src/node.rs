@@ -6,7 +6,7 @@ use crate::{
     args::ExecMode,
     pool::{IntakeShared, OverdrivePoolBuilder},
 };
-use overdrive_intake::{Intake, IntakeConfig, IntakeError};
+use overdrive_intake::{Intake, IntakeConfig};
 use reth_chainspec::ChainSpec;
 use reth_ethereum_consensus::EthBeaconConsensus;
 use reth_ethereum_primitives::EthPrimitives;
@@ -35,23 +35,20 @@ pub struct OverdriveNode {
 }
 
 impl OverdriveNode {
-    /// A node with the components `args` switches on (this starts the intake's workers when
-    /// `--overdrive.pool`).
-    pub fn new(args: OverdriveArgs) -> Result<Self, IntakeError> {
-        let intake = if args.pool {
+    /// A node with the components `args` switches on.
+    pub fn new(args: OverdriveArgs) -> Self {
+        let intake = args.pool.then(|| {
             let mut config = IntakeConfig::default();
             if let Some(threads) = args.pool_threads() {
                 config.threads = threads;
             }
-            Some(Arc::new(IntakeShared::new(Intake::new(config)?)))
-        } else {
-            None
-        };
-        Ok(Self {
+            Arc::new(IntakeShared::new(Intake::new(config)))
+        });
+        Self {
             args,
             log: Arc::default(),
             intake,
-        })
+        }
     }
 
     /// What the pool and `overdrive_sendRawTransactions` share, when `--overdrive.pool`.

@@ -30,11 +30,11 @@ use reth_transaction_pool::{
 };
 use std::sync::{Arc, OnceLock};
 
-/// What the pool and the batch endpoint share: the intake's workers, and reth's sender
-/// recovery cache when `--engine.sender-recovery-cache` is on.
+/// What the pool and the batch endpoint share: how they run a batch in parallel, and reth's
+/// sender recovery cache when `--engine.sender-recovery-cache` is on.
 #[derive(Debug)]
 pub struct IntakeShared {
-    intake: Arc<Intake>,
+    intake: Intake,
     recovery_cache: OnceLock<Option<reth_evm::SenderRecoveryCache>>,
 }
 
@@ -42,13 +42,13 @@ impl IntakeShared {
     /// Shares `intake`.
     pub fn new(intake: Intake) -> Self {
         Self {
-            intake: Arc::new(intake),
+            intake,
             recovery_cache: OnceLock::new(),
         }
     }
 
-    /// The intake's workers.
-    pub fn intake(&self) -> &Arc<Intake> {
+    /// How a batch runs in parallel.
+    pub fn intake(&self) -> &Intake {
         &self.intake
     }
 
@@ -63,7 +63,7 @@ impl IntakeShared {
 pub struct BatchValidator<Client, Evm> {
     inner: EthTransactionValidator<Client, EthPooledTransaction, Evm>,
     client: Client,
-    intake: Option<Arc<Intake>>,
+    intake: Option<Intake>,
 }
 
 impl<Client, Evm> BatchValidator<Client, Evm> {
@@ -71,7 +71,7 @@ impl<Client, Evm> BatchValidator<Client, Evm> {
     pub fn new(
         inner: EthTransactionValidator<Client, EthPooledTransaction, Evm>,
         client: Client,
-        intake: Option<Arc<Intake>>,
+        intake: Option<Intake>,
     ) -> Self {
         Self {
             inner,
@@ -274,7 +274,7 @@ where
             BatchValidator::new(
                 inner,
                 ctx.provider().clone(),
-                self.shared.as_ref().map(|s| s.intake.clone()),
+                self.shared.as_ref().map(|s| s.intake),
             ),
             ctx.task_executor(),
             txpool.additional_validation_tasks,

@@ -129,7 +129,7 @@ where
             .check(transactions.iter().map(|raw| raw.len()))
             .map_err(|e| ErrorObjectOwned::owned(INVALID_PARAMS_CODE, e.to_string(), None::<()>))?;
         let count = transactions.len();
-        let intake = self.shared.intake().clone();
+        let intake = *self.shared.intake();
         let cache = self.shared.recovery_cache().cloned();
         let recovered = tokio::task::spawn_blocking(move || {
             intake.map(transactions, |raw| recover(&raw, cache.as_ref()))

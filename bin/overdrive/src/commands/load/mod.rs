@@ -3,6 +3,7 @@
 //! (`overdrive-reth` with every switch off) and `overdrive-reth` with every component on, one
 //! after the other, on the same genesis and the same pre-signed transactions.
 
+pub mod intake;
 mod node;
 pub mod replay;
 mod report;
@@ -63,7 +64,13 @@ pub struct LoadArgs {
     /// nonce order).
     #[arg(long, default_value_t = 4, value_parser = super::positive)]
     connections: usize,
-    /// Transactions per JSON-RPC batch of `eth_sendRawTransaction`.
+    /// How transactions are sent: `single` (JSON-RPC batches of `eth_sendRawTransaction`, any
+    /// node) or `batch` (`overdrive_sendRawTransactions`, which needs `--overdrive.pool`;
+    /// `--compare` then runs overdrive-reth with it, and stock reth still gets `single`).
+    #[arg(long, value_enum, default_value_t = Submit::Single)]
+    submit: Submit,
+    /// Transactions per JSON-RPC batch of `eth_sendRawTransaction`, or per
+    /// `overdrive_sendRawTransactions` call.
     #[arg(long, default_value_t = 200, value_parser = super::positive)]
     batch: usize,
     /// Transactions to pre-sign (default: rate × duration; with `max`, 25,000 a second).
@@ -91,6 +98,31 @@ pub struct LoadArgs {
     /// End with one JSON line of the figures.
     #[arg(long)]
     json: bool,
+}
+
+/// How a load reaches the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Submit {
+    /// One `eth_sendRawTransaction` a transaction, in JSON-RPC batches.
+    Single,
+    /// `overdrive_sendRawTransactions`, a list of transactions a call.
+    Batch,
+}
+
+impl Submit {
+    /// Sends `raw` (`0x`-prefixed transactions); each one's answer or error message.
+    fn send(self, rpc: &Rpc, raw: &[&str]) -> eyre::Result<Vec<Result<Value, String>>> {
+        match self {
+            Self::Single => {
+                let calls: Vec<_> = raw
+                    .iter()
+                    .map(|tx| ("eth_sendRawTransaction", json!([tx])))
+                    .collect();
+                rpc.batch(&calls)
+            }
+            Self::Batch => rpc.send_raw_transactions(raw),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -142,7 +174,11 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
     let name = args.workload.to_string();
     if !args.compare {
         let rpc = Rpc::new(args.rpc.as_deref().expect("clap requires --rpc"))?;
-        let report = Report::new(&name, args.accounts, &run_load(&rpc, &txs, &args)?);
+        let report = Report::new(
+            &name,
+            args.accounts,
+            &run_load(&rpc, &txs, &args, args.submit)?,
+        );
         write_report(&args, "node", &report)?;
         print_report("node", &report);
         if args.json {
@@ -161,7 +197,13 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
     std::fs::write(&genesis_path, serde_json::to_vec_pretty(&genesis)?)?;
     let threads = args.threads.to_string();
     let mut reports = Vec::new();
-    for (label, flags) in stock_and_overdrive(&threads) {
+    let pool = args.submit == Submit::Batch;
+    for (label, flags) in stock_and_overdrive(&threads, pool) {
+        let submit = if label == "stock" {
+            Submit::Single
+        } else {
+            args.submit
+        };
         let datadir = args.out.join(format!("{label}-data"));
         let _ = std::fs::remove_dir_all(&datadir);
         let node = node::DevNode::start(&node::DevNodeConfig {
@@ -177,7 +219,7 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
         eprintln!("load: {label} node up ({}), sending", node.rpc_url());
         let cpu_before = node.cpu_seconds();
         let stages_before = node.stage_seconds()?;
-        let observed = run_load(&Rpc::new(&node.rpc_url())?, &txs, &args);
+        let observed = run_load(&Rpc::new(&node.rpc_url())?, &txs, &args, submit);
         let cpu = cpu_before.zip(node.cpu_seconds()).map(|(a, b)| b - a);
         let stages = node.stage_seconds()?;
         node.stop();
@@ -225,20 +267,25 @@ fn reth_binary(given: Option<PathBuf>) -> eyre::Result<PathBuf> {
 }
 
 /// The two nodes a comparison runs, by label: stock reth (no switch), and overdrive-reth with
-/// every component on.
-fn stock_and_overdrive(threads: &str) -> [(&'static str, Vec<&str>); 2] {
-    [
-        ("stock", Vec::new()),
-        (
-            "overdrive",
-            vec![
-                "--overdrive.exec",
-                "parallel",
-                "--overdrive.exec.threads",
-                threads,
-            ],
-        ),
-    ]
+/// the parallel executor, and when `pool` the batched pool with reth's sender recovery cache
+/// (the batch endpoint fills it, so the engine does not recover the senders of a payload
+/// again; reth's `eth_sendRawTransaction` does not fill it, so stock gains nothing from it).
+fn stock_and_overdrive(threads: &str, pool: bool) -> [(&'static str, Vec<&str>); 2] {
+    let mut overdrive = vec![
+        "--overdrive.exec",
+        "parallel",
+        "--overdrive.exec.threads",
+        threads,
+    ];
+    if pool {
+        overdrive.extend([
+            "--overdrive.pool",
+            "--overdrive.pool.threads",
+            threads,
+            "--engine.sender-recovery-cache",
+        ]);
+    }
+    [("stock", Vec::new()), ("overdrive", overdrive)]
 }
 
 /// The workload's genesis (with `--gas-limit`) and its transactions, in block order.
@@ -247,16 +294,33 @@ fn presign(args: &LoadArgs) -> eyre::Result<(alloy_genesis::Genesis, Vec<PreSign
         Rate::Max => MAX_RATE_PRESIGN * args.duration,
         Rate::PerSecond(rate) => (rate * args.duration as f64).ceil() as usize,
     });
+    presign_workload(
+        args.workload,
+        args.accounts,
+        total,
+        args.seed,
+        args.gas_limit,
+    )
+}
+
+/// `total` transactions of `kind` over `accounts` and their genesis, with `gas_limit`.
+fn presign_workload(
+    kind: WorkloadKind,
+    accounts: usize,
+    total: usize,
+    seed: u64,
+    gas_limit: u64,
+) -> eyre::Result<(alloy_genesis::Genesis, Vec<PreSigned>)> {
     let per_block = total.min(1_000);
     let workload = overdrive_workload::generate(&WorkloadConfig {
-        accounts: args.accounts,
+        accounts,
         txs_per_block: per_block,
         blocks: total.div_ceil(per_block),
-        seed: args.seed,
-        ..WorkloadConfig::new(args.workload)
+        seed,
+        ..WorkloadConfig::new(kind)
     })?;
     let mut genesis = workload.chain_spec.genesis.clone();
-    genesis.gas_limit = args.gas_limit;
+    genesis.gas_limit = gas_limit;
     let txs = workload
         .blocks
         .iter()
@@ -272,7 +336,12 @@ fn presign(args: &LoadArgs) -> eyre::Result<(alloy_genesis::Genesis, Vec<PreSign
 }
 
 /// Sends `txs` to `rpc` as `args` says while a poller follows the chain; what it saw.
-fn run_load(rpc: &Rpc, txs: &[PreSigned], args: &LoadArgs) -> eyre::Result<Observed> {
+fn run_load(
+    rpc: &Rpc,
+    txs: &[PreSigned],
+    args: &LoadArgs,
+    submit: Submit,
+) -> eyre::Result<Observed> {
     let head = block_number(rpc)?;
     let index: HashMap<B256, usize> = txs.iter().enumerate().map(|(i, t)| (t.hash, i)).collect();
     // Each sender's transactions on one connection, in order: no nonce gaps in the pool.
@@ -323,15 +392,12 @@ fn run_load(rpc: &Rpc, txs: &[PreSigned], args: &LoadArgs) -> eyre::Result<Obser
                         }
                         let end = queue.len().min(at + args.batch).min(allowed.max(at + 1));
                         let batch = &queue[at..end];
-                        let calls: Vec<_> = batch
-                            .iter()
-                            .map(|&i| ("eth_sendRawTransaction", json!([txs[i].raw])))
-                            .collect();
+                        let raw: Vec<&str> = batch.iter().map(|&i| txs[i].raw.as_str()).collect();
                         let now = start.elapsed().as_micros() as u64 + 1;
                         for &i in batch {
                             sent[i].store(now, Ordering::Relaxed);
                         }
-                        let answers = rpc.batch(&calls).wrap_err("sending a batch")?;
+                        let answers = submit.send(rpc, &raw).wrap_err("sending a batch")?;
                         for (&i, answer) in batch.iter().zip(answers) {
                             match answer {
                                 Ok(_) => {
@@ -550,22 +616,38 @@ mod tests {
         seen: usize,
     }
 
+    impl FakeNode {
+        /// Takes one raw transaction: its hash, or an error object.
+        fn take(&mut self, raw: &Value) -> Result<B256, Value> {
+            self.seen += 1;
+            if self.seen.is_multiple_of(7) {
+                return Err(json!({"code": -32000, "message": "nonce too low"}));
+            }
+            let raw = hex::decode(raw.as_str().unwrap()).unwrap();
+            let hash = alloy_primitives::keccak256(raw);
+            self.pending.push(hash);
+            Ok(hash)
+        }
+    }
+
     fn answer(node: &Mutex<FakeNode>, call: &Value) -> Value {
         let id = call["id"].clone();
         let mut node = node.lock().unwrap();
         let result = match call["method"].as_str().unwrap() {
             "eth_blockNumber" => json!(format!("{:#x}", node.blocks.len())),
-            "eth_sendRawTransaction" => {
-                node.seen += 1;
-                if node.seen.is_multiple_of(7) {
-                    return json!({"jsonrpc": "2.0", "id": id,
-                        "error": {"code": -32000, "message": "nonce too low"}});
-                }
-                let raw = hex::decode(call["params"][0].as_str().unwrap()).unwrap();
-                let hash = alloy_primitives::keccak256(raw);
-                node.pending.push(hash);
-                json!(hash)
-            }
+            "eth_sendRawTransaction" => match node.take(&call["params"][0]) {
+                Ok(hash) => json!(hash),
+                Err(error) => return json!({"jsonrpc": "2.0", "id": id, "error": error}),
+            },
+            "overdrive_sendRawTransactions" => call["params"][0]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|raw| match node.take(raw) {
+                    Ok(hash) => json!({"hash": hash}),
+                    Err(error) => json!({"error": error}),
+                })
+                .collect(),
             "eth_getBlockByNumber" => {
                 let n = quantity(&call["params"][0]).unwrap() as usize;
                 let txs = &node.blocks[n - 1];
@@ -630,9 +712,15 @@ mod tests {
     }
 
     /// Every transaction is sent once, each refusal is counted with its message, and every
-    /// accepted one is found in a block.
+    /// accepted one is found in a block; one transaction a call or a list a call.
     #[test]
     fn a_run_sees_every_transaction_sent_refused_or_included() {
+        for submit in ["single", "batch"] {
+            run_against_a_fake_node(submit);
+        }
+    }
+
+    fn run_against_a_fake_node(submit: &str) {
         let node = Arc::new(Mutex::new(FakeNode {
             pending: Vec::new(),
             blocks: Vec::new(),
@@ -657,11 +745,13 @@ mod tests {
             "3",
             "--batch",
             "50",
+            "--submit",
+            submit,
         ])
         .load;
         let (_, txs) = presign(&args).unwrap();
         assert_eq!(txs.len(), 700);
-        let observed = run_load(&Rpc::new(&url).unwrap(), &txs, &args).unwrap();
+        let observed = run_load(&Rpc::new(&url).unwrap(), &txs, &args, args.submit).unwrap();
         let report = Report::new("transfer", 200, &observed);
         assert_eq!(report.rejected, 100, "{:?}", report.rejected_by_error);
         assert_eq!(report.rejected_by_error["nonce too low"], 100);

@@ -38,11 +38,16 @@ pub struct DevNode {
 
 /// Where a node spends its time, from reth's metrics (sums of histograms, in seconds): the
 /// stage's name, the metric, and a label the sample must carry.
-pub const STAGES: [(&str, &str, &str); 6] = [
+pub const STAGES: [(&str, &str, &str); 7] = [
     (
         "intake (eth_sendRawTransaction)",
         "reth_rpc_server_calls_time_seconds_sum",
         "method=\"eth_sendRawTransaction\"",
+    ),
+    (
+        "intake (overdrive_sendRawTransactions)",
+        "reth_rpc_server_calls_time_seconds_sum",
+        "method=\"overdrive_sendRawTransactions\"",
     ),
     (
         "build (payload resolve)",
@@ -134,7 +139,7 @@ impl DevNode {
                 "--http.port",
                 &http.to_string(),
                 "--http.api",
-                "eth,net,web3",
+                "eth,net,web3,txpool",
             ])
             .args(["--port", &free_port()?.to_string(), "--disable-discovery"])
             .args(["--authrpc.port", &auth.to_string(), "--ipcdisable"])

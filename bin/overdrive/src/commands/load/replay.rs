@@ -51,7 +51,7 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let threads = args.threads.to_string();
     let mut results = Vec::new();
-    for (label, flags) in super::stock_and_overdrive(&threads) {
+    for (label, flags) in super::stock_and_overdrive(&threads, false) {
         let datadir = args.out.join(format!("{label}-data"));
         let _ = std::fs::remove_dir_all(&datadir);
         std::fs::create_dir_all(&datadir)?;

@@ -100,6 +100,30 @@ impl Rpc {
         Ok(out)
     }
 
+    /// Sends raw transactions in one `overdrive_sendRawTransactions` call; each one's hash or
+    /// error message, in the order given.
+    pub fn send_raw_transactions(&self, raw: &[&str]) -> eyre::Result<Vec<Result<Value, String>>> {
+        let results = self.call("overdrive_sendRawTransactions", json!([raw]))?;
+        let Value::Array(results) = results else {
+            bail!("overdrive_sendRawTransactions answered {results}, not a list");
+        };
+        if results.len() != raw.len() {
+            bail!(
+                "overdrive_sendRawTransactions answered {} results for {} transactions",
+                results.len(),
+                raw.len()
+            );
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| match (result.get("hash"), result.get("error")) {
+                (_, Some(error)) => Err(error_message(error)),
+                (Some(hash), None) => Ok(hash.clone()),
+                (None, None) => Err("neither hash nor error".to_string()),
+            })
+            .collect())
+    }
+
     fn post(&self, body: &str) -> eyre::Result<String> {
         let address = self
             .host

@@ -114,7 +114,7 @@ fn run() -> eyre::Result<()> {
         async move |builder, _| {
             tracing::info!(target: "overdrive", "overdrive components: {}", args.summary());
             exex::describe_metrics();
-            let node = OverdriveNode::new(args.clone())?;
+            let node = OverdriveNode::new(args.clone());
             let log = node.block_log().clone();
             let intake = node.intake().cloned();
             let limits = args.pool_limits();
