@@ -48,7 +48,8 @@ pub enum BenchCommand {
     Replay(super::load::replay::ReplayArgs),
     /// Transaction intake alone (no blocks built): a node's CPU time per accepted
     /// transaction, stock reth (one `eth_sendRawTransaction` each, then with reth's batched
-    /// insertion) against `--overdrive.pool` with `overdrive_sendRawTransactions`.
+    /// insertion) against `--overdrive.pool` (with `eth_sendRawTransaction` batched, then with
+    /// `overdrive_sendRawTransactions`).
     Intake(super::load::intake::IntakeArgs),
 }
 

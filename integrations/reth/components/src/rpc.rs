@@ -171,3 +171,43 @@ where
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_eips::eip2718::Encodable2718;
+    use overdrive_workload::{WorkloadConfig, WorkloadKind};
+
+    /// The endpoint's recovery leaves each sender in reth's cache, where the engine looks it up
+    /// when the transaction comes back in a payload; it decodes and refuses as reth does.
+    #[test]
+    fn recovery_fills_reths_sender_cache() {
+        let workload = overdrive_workload::generate(&WorkloadConfig {
+            accounts: 50,
+            txs_per_block: 20,
+            blocks: 1,
+            ..WorkloadConfig::new(WorkloadKind::Transfer)
+        })
+        .unwrap();
+        let cache = reth_evm::SenderRecoveryCache::new(64);
+        for tx in &workload.blocks[0].transactions {
+            let raw = tx.inner().encoded_2718();
+            let hash = *tx.inner().tx_hash();
+            assert_eq!(cache.get(&hash), None);
+            let with_cache = recover(&raw, Some(&cache)).unwrap();
+            let without = recover(&raw, None).unwrap();
+            assert_eq!(with_cache.sender(), tx.signer());
+            assert_eq!(without.sender(), tx.signer());
+            assert_eq!(with_cache.hash(), without.hash());
+            assert_eq!(cache.get(&hash), Some(tx.signer()));
+        }
+        for raw in [&[][..], &[0xde, 0xad][..]] {
+            assert_eq!(
+                recover(raw, Some(&cache)).unwrap_err().to_string(),
+                EthPooledTransaction::recover_raw_transaction(raw)
+                    .unwrap_err()
+                    .to_string()
+            );
+        }
+    }
+}

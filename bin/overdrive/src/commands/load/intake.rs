@@ -2,13 +2,15 @@
 //! validating blocks. Each node runs `--dev` with a block time far longer than the run, so it
 //! only takes transactions in: pre-signed ones are sent until the pool holds every accepted
 //! one, and the node's CPU time over that span, divided by the transactions accepted, is the
-//! intake's cost per transaction. Three nodes, one after the other, on the same genesis and
+//! intake's cost per transaction. Four nodes, one after the other, on the same genesis and
 //! transactions:
 //!
 //! - `stock`: reth, JSON-RPC batches of `eth_sendRawTransaction` (each transaction validated
 //!   and inserted on its own);
 //! - `stock-batched`: the same with `--txpool.max-batch-size` set to the batch, reth's own
 //!   batching of pool insertions;
+//! - `overdrive-eth`: `--overdrive.pool` with reth's batched insertion, still
+//!   `eth_sendRawTransaction` (batches reach the parallel validator, not the batch endpoint);
 //! - `overdrive`: `--overdrive.pool` and `overdrive_sendRawTransactions`.
 
 use super::{Submit, node, rpc::Rpc};
@@ -106,11 +108,22 @@ pub fn run(args: IntakeArgs) -> eyre::Result<()> {
     let genesis_path = args.out.join("genesis.json");
     std::fs::write(&genesis_path, serde_json::to_vec_pretty(&genesis)?)?;
     let (batch, threads) = (args.batch.to_string(), args.threads.to_string());
-    let nodes: [(&'static str, Vec<&str>, Submit); 3] = [
+    let nodes: [(&'static str, Vec<&str>, Submit); 4] = [
         ("stock", vec![], Submit::Single),
         (
             "stock-batched",
             vec!["--txpool.max-batch-size", &batch],
+            Submit::Single,
+        ),
+        (
+            "overdrive-eth",
+            vec![
+                "--overdrive.pool",
+                "--overdrive.pool.threads",
+                &threads,
+                "--txpool.max-batch-size",
+                &batch,
+            ],
             Submit::Single,
         ),
         (
