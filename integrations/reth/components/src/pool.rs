@@ -7,8 +7,9 @@
 //! a worker with its own state provider, and reads each sender and code hash once. Every rule
 //! is reth's own: each transaction goes through `EthTransactionValidator`'s stateless and
 //! stateful checks unchanged, so a transaction is accepted or refused, with the same error, as
-//! stock reth would. Single transactions (`eth_sendRawTransaction`, one at a time) take reth's
-//! path as before; insertion is reth's batch insertion, one pool lock a batch.
+//! stock reth would. A transaction validated on its own (an `eth_sendRawTransaction` call, unless
+//! reth's `--txpool.max-batch-size` batches them) takes reth's path as before; insertion is
+//! reth's batch insertion, one pool lock a batch.
 
 use alloy_primitives::{Address, B256};
 use overdrive_intake::{Intake, ReadMemo};
@@ -108,16 +109,28 @@ impl BytecodeReader for MemoState {
     }
 }
 
-impl<Client, Evm> BatchValidator<Client, Evm>
-where
-    Client: reth_chainspec::ChainSpecProvider<ChainSpec = ChainSpec>
+/// What the validator reads through: the node's provider.
+pub trait StateClient:
+    reth_chainspec::ChainSpecProvider<ChainSpec = ChainSpec>
+    + StateProviderFactory
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> StateClient for T where
+    T: reth_chainspec::ChainSpecProvider<ChainSpec = ChainSpec>
         + StateProviderFactory
         + Clone
         + Send
         + Sync
-        + 'static,
-    Evm: ConfigureEvm + 'static,
+        + 'static
 {
+}
+
+impl<Client: StateClient, Evm: ConfigureEvm + 'static> BatchValidator<Client, Evm> {
     /// Each transaction through reth's checks, groups of senders on the intake's workers.
     fn validate_parallel(
         &self,
@@ -146,12 +159,7 @@ where
 
 impl<Client, Evm> TransactionValidator for BatchValidator<Client, Evm>
 where
-    Client: reth_chainspec::ChainSpecProvider<ChainSpec = ChainSpec>
-        + StateProviderFactory
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    Client: StateClient,
     Evm: ConfigureEvm<Primitives = reth_ethereum_primitives::EthPrimitives> + 'static,
 {
     type Transaction = EthPooledTransaction;
@@ -282,6 +290,7 @@ where
         let pool = TxPoolBuilder::new(ctx)
             .with_validator(validator)
             .build_and_spawn_maintenance_task(blob_store, pool_config)?;
+        tracing::info!(target: "reth::cli", "Transaction pool initialized");
         match &self.shared {
             Some(shared) => tracing::info!(
                 target: "overdrive",

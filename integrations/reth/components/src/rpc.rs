@@ -68,6 +68,27 @@ impl SubmitResult {
     }
 }
 
+/// Describes the endpoint's metrics (reth's endpoint exports them with its `reth_` prefix).
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "overdrive_intake_batches_total",
+        "overdrive_sendRawTransactions calls taken (not those refused whole)"
+    );
+    metrics::describe_counter!(
+        "overdrive_intake_transactions_total",
+        "Transactions of overdrive_sendRawTransactions calls, by result (accepted, refused)"
+    );
+    metrics::describe_histogram!(
+        "overdrive_intake_batch_seconds",
+        metrics::Unit::Seconds,
+        "Time of an overdrive_sendRawTransactions call, from decoding to the pool's answer"
+    );
+    metrics::describe_counter!(
+        "overdrive_intake_batches_refused_total",
+        "overdrive_sendRawTransactions calls refused whole (over the batch limits)"
+    );
+}
+
 /// The `overdrive` namespace.
 #[rpc(server, client, namespace = "overdrive")]
 pub trait OverdriveApi {
@@ -125,9 +146,16 @@ where
         &self,
         transactions: Vec<Bytes>,
     ) -> RpcResult<Vec<SubmitResult>> {
-        self.limits
-            .check(transactions.iter().map(|raw| raw.len()))
-            .map_err(|e| ErrorObjectOwned::owned(INVALID_PARAMS_CODE, e.to_string(), None::<()>))?;
+        if let Err(e) = self.limits.check(transactions.iter().map(|raw| raw.len())) {
+            metrics::counter!("overdrive_intake_batches_refused_total").increment(1);
+            tracing::debug!(target: "overdrive::intake", %e, "batch refused");
+            return Err(ErrorObjectOwned::owned(
+                INVALID_PARAMS_CODE,
+                e.to_string(),
+                None::<()>,
+            ));
+        }
+        let started = std::time::Instant::now();
         let count = transactions.len();
         let intake = *self.shared.intake();
         let cache = self.shared.recovery_cache().cloned();
@@ -165,10 +193,25 @@ where
                 Err(e) => SubmitResult::refused(e.into()),
             });
         }
-        Ok(results
+        let results: Vec<SubmitResult> = results
             .into_iter()
             .map(|r| r.expect("every transaction has a result"))
-            .collect())
+            .collect();
+        let accepted = results.iter().filter(|r| r.hash.is_some()).count();
+        metrics::counter!("overdrive_intake_batches_total").increment(1);
+        metrics::counter!("overdrive_intake_transactions_total", "result" => "accepted")
+            .increment(accepted as u64);
+        metrics::counter!("overdrive_intake_transactions_total", "result" => "refused")
+            .increment((count - accepted) as u64);
+        metrics::histogram!("overdrive_intake_batch_seconds").record(started.elapsed());
+        tracing::debug!(
+            target: "overdrive::intake",
+            count,
+            accepted,
+            elapsed = ?started.elapsed(),
+            "batch taken"
+        );
+        Ok(results)
     }
 }
 

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use overdrive_reth_components::{
     OverdriveArgs, OverdriveNode, exex,
     import::ImportCommand,
-    rpc::{BatchSubmit, OverdriveApiServer},
+    rpc::{self, BatchSubmit, OverdriveApiServer},
     split_args,
 };
 use reth_ethereum::cli::{
@@ -114,6 +114,7 @@ fn run() -> eyre::Result<()> {
         async move |builder, _| {
             tracing::info!(target: "overdrive", "overdrive components: {}", args.summary());
             exex::describe_metrics();
+            rpc::describe_metrics();
             let node = OverdriveNode::new(args.clone());
             let log = node.block_log().clone();
             let intake = node.intake().cloned();

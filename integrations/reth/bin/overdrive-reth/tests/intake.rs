@@ -46,6 +46,7 @@ struct Node {
     _node: support::KillOnDrop,
     _dir: tempfile::TempDir,
     http: u16,
+    metrics: u16,
     workload: overdrive_workload::Workload,
 }
 
@@ -60,12 +61,13 @@ fn start(accounts: usize, txs_per_block: usize, blocks: usize, flags: &[&str]) -
     let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
     let dir = support::temp_dir("intake");
     let (genesis, _): (PathBuf, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
-    let http = support::free_port();
-    let node = support::dev_node(&genesis, dir.path(), http, support::free_port(), flags);
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let node = support::dev_node(&genesis, dir.path(), http, metrics, flags);
     Node {
         _node: node,
         _dir: dir,
         http,
+        metrics,
         workload,
     }
 }
@@ -381,6 +383,25 @@ fn the_batch_endpoint_answers_as_eth_send_raw_transaction() {
     let answer = node.call("overdrive_sendRawTransactions", json!([[]]));
     assert_eq!(answer["result"], json!([]));
     assert!(node.call("eth_blockNumber", json!([]))["result"].is_string());
+
+    // The endpoint's metrics, on reth's endpoint: the batch's accepted and refused
+    // transactions, and the one call refused whole.
+    let page = support::http(node.metrics, "/", None).expect("the metrics endpoint answers");
+    let sample = |name: &str| {
+        page.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+    };
+    assert_eq!(
+        sample("reth_overdrive_intake_transactions_total{result=\"accepted\"}"),
+        accepted.len() as f64
+    );
+    assert_eq!(
+        sample("reth_overdrive_intake_transactions_total{result=\"refused\"}"),
+        expect_refused.len() as f64
+    );
+    assert_eq!(sample("reth_overdrive_intake_batches_refused_total"), 1.0);
 }
 
 #[test]
@@ -490,4 +511,178 @@ fn concurrent_batches_lose_and_duplicate_nothing() {
         }
     }
     assert_eq!(seen.len(), txs.len());
+}
+
+/// A small deterministic generator (xorshift), so that a failing batch can be replayed.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// Random batches (nonces in and out of order, repeated with and without the price bump,
+/// balances exceeded, wrong chain ids, too little gas, three transaction types, bytes that do
+/// not decode) get the same answer, transaction by transaction, from overdrive's batch
+/// endpoint as from stock reth taking them one `eth_sendRawTransaction` at a time, and leave
+/// the two pools holding the same transactions.
+#[test]
+fn random_batches_match_stock_reth_one_by_one() {
+    let flags = ["--dev.block-time", "600s"];
+    let stock = start(64, 8, 1, &flags);
+    let ours = start(
+        64,
+        8,
+        1,
+        &[
+            "--dev.block-time",
+            "600s",
+            "--overdrive.pool",
+            "--overdrive.pool.threads",
+            "3",
+        ],
+    );
+    let latest = stock.call("eth_getBlockByNumber", json!(["latest", false]));
+    let base_fee = u128::from_str_radix(
+        latest["result"]["baseFeePerGas"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("0x"),
+        16,
+    )
+    .unwrap();
+    let balance = stock.quantity(
+        "eth_getBalance",
+        json!([stock.workload.accounts[0], "latest"]),
+    );
+    let gwei = 1_000_000_000u128;
+    for seed in [1u64, 2, 3] {
+        let mut draw = Draw(0x9e37_79b9_7f4a_7c15 ^ seed);
+        let mut batch = Vec::new();
+        for _ in 0..300 {
+            if draw.chance(3) {
+                let junk: Vec<u8> = (0..draw.below(40)).map(|_| draw.next() as u8).collect();
+                batch.push(format!("0x{}", hex::encode(junk)));
+                continue;
+            }
+            let sender = 12 * (seed as usize - 1) + draw.below(12) as usize;
+            let key = stock.key(sender);
+            let nonce = draw.below(5);
+            let tip = [1, 2 * gwei, 3 * gwei, 3 * gwei + gwei / 3][draw.below(4) as usize];
+            let max_fee = base_fee * 2 + tip;
+            let value = if draw.chance(8) {
+                U256::from(balance)
+            } else {
+                U256::from(draw.below(1000))
+            };
+            let gas_limit = if draw.chance(5) { 20_000 } else { 21_000 };
+            let chain_id = if draw.chance(5) { 1 } else { CHAIN_ID };
+            let to = TxKind::Call(Address::with_last_byte(draw.below(4) as u8));
+            let raw = match draw.below(3) {
+                0 => eip1559(
+                    key,
+                    TxEip1559 {
+                        chain_id,
+                        nonce,
+                        gas_limit,
+                        max_fee_per_gas: max_fee,
+                        max_priority_fee_per_gas: tip,
+                        to,
+                        value,
+                        ..Default::default()
+                    },
+                ),
+                1 => hex_of(
+                    sign(
+                        key,
+                        TxLegacy {
+                            chain_id: Some(chain_id),
+                            nonce,
+                            gas_price: max_fee,
+                            gas_limit,
+                            to,
+                            value,
+                            input: Bytes::new(),
+                        },
+                    )
+                    .into(),
+                ),
+                _ => hex_of(
+                    sign(
+                        key,
+                        alloy_consensus::TxEip2930 {
+                            chain_id,
+                            nonce,
+                            gas_price: max_fee,
+                            gas_limit,
+                            to,
+                            value,
+                            ..Default::default()
+                        },
+                    )
+                    .into(),
+                ),
+            };
+            batch.push(raw);
+        }
+
+        let answer = ours.call("overdrive_sendRawTransactions", json!([batch]));
+        let results = answer["result"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{answer}"));
+        let (mut accepted, mut refused) = (0, 0);
+        for (i, (raw, result)) in batch.iter().zip(results).enumerate() {
+            let single = stock.call("eth_sendRawTransaction", json!([raw]));
+            let theirs = match single.get("result") {
+                Some(hash) => json!({"hash": hash}),
+                None => json!({"error": {"code": single["error"]["code"],
+                    "message": single["error"]["message"]}}),
+            };
+            assert_eq!(result, &theirs, "seed {seed}, transaction {i}: {raw}");
+            if result.get("hash").is_some() {
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        assert!(
+            accepted > 30 && refused > 30,
+            "seed {seed}: a batch should mix both ({accepted} accepted, {refused} refused)"
+        );
+        let content = |node: &Node| {
+            let content = node.call("txpool_content", json!([]))["result"].clone();
+            let mut held = Vec::new();
+            for pool in ["pending", "queued"] {
+                for (sender, txs) in content[pool].as_object().unwrap() {
+                    for (nonce, tx) in txs.as_object().unwrap() {
+                        held.push((
+                            pool,
+                            sender.to_lowercase(),
+                            nonce.clone(),
+                            tx["hash"].as_str().unwrap().to_string(),
+                        ));
+                    }
+                }
+            }
+            held.sort();
+            held
+        };
+        assert_eq!(
+            content(&ours),
+            content(&stock),
+            "seed {seed}: the pools differ"
+        );
+    }
 }
