@@ -78,14 +78,27 @@ impl Node {
     }
 
     fn quantity(&self, method: &str, params: Value) -> u128 {
-        let v = self.call(method, params);
-        let text = v["result"].as_str().unwrap_or_else(|| panic!("{v}"));
-        u128::from_str_radix(text.trim_start_matches("0x"), 16).unwrap()
+        quantity(&self.call(method, params)["result"])
+    }
+
+    /// The latest block's base fee.
+    fn base_fee(&self) -> u128 {
+        quantity(
+            &self.call("eth_getBlockByNumber", json!(["latest", false]))["result"]["baseFeePerGas"],
+        )
     }
 
     fn key(&self, i: usize) -> B256 {
         overdrive_workload::private_key(self.workload.config.seed, i as u64)
     }
+}
+
+/// A JSON-RPC quantity (`0x`-prefixed hex).
+fn quantity(value: &Value) -> u128 {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("not a quantity: {value}"));
+    u128::from_str_radix(text.trim_start_matches("0x"), 16).unwrap()
 }
 
 /// A transfer of `value` wei with `nonce` and fee cap `max_fee`.
@@ -123,15 +136,7 @@ fn the_batch_endpoint_answers_as_eth_send_raw_transaction() {
             "64",
         ],
     );
-    let latest = node.call("eth_getBlockByNumber", json!(["latest", false]));
-    let base_fee = u128::from_str_radix(
-        latest["result"]["baseFeePerGas"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("0x"),
-        16,
-    )
-    .unwrap();
+    let base_fee = node.base_fee();
     let fee = base_fee * 2 + 1_000_000_000;
     let deployer = overdrive_workload::deployer_key();
     let deployer_address =
@@ -358,14 +363,7 @@ fn the_batch_endpoint_answers_as_eth_send_raw_transaction() {
     }
     let status = node.call("txpool_status", json!([]));
     assert_eq!(
-        u128::from_str_radix(
-            status["result"]["pending"]
-                .as_str()
-                .unwrap()
-                .trim_start_matches("0x"),
-            16
-        )
-        .unwrap(),
+        quantity(&status["result"]["pending"]),
         1 + accepted.len() as u128,
         "{status}"
     );
@@ -502,9 +500,7 @@ fn concurrent_batches_lose_and_duplicate_nothing() {
             let hash = tx["hash"].as_str().unwrap().to_string();
             assert!(seen.insert(hash.clone()), "{hash} mined twice");
             let from = tx["from"].as_str().unwrap().to_lowercase();
-            let nonce =
-                u64::from_str_radix(tx["nonce"].as_str().unwrap().trim_start_matches("0x"), 16)
-                    .unwrap();
+            let nonce = quantity(&tx["nonce"]) as u64;
             let expected = next_nonce.entry(from.clone()).or_insert(nonce);
             assert_eq!(nonce, *expected, "{from}'s transactions out of nonce order");
             *expected += 1;
@@ -554,15 +550,7 @@ fn random_batches_match_stock_reth_one_by_one() {
             "3",
         ],
     );
-    let latest = stock.call("eth_getBlockByNumber", json!(["latest", false]));
-    let base_fee = u128::from_str_radix(
-        latest["result"]["baseFeePerGas"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("0x"),
-        16,
-    )
-    .unwrap();
+    let base_fee = stock.base_fee();
     let balance = stock.quantity(
         "eth_getBalance",
         json!([stock.workload.accounts[0], "latest"]),
