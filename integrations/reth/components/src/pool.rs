@@ -80,11 +80,6 @@ impl<Client, Evm> BatchValidator<Client, Evm> {
             intake,
         }
     }
-
-    /// reth's validator.
-    pub fn inner(&self) -> &EthTransactionValidator<Client, EthPooledTransaction, Evm> {
-        &self.inner
-    }
 }
 
 /// One worker's view of the state for a batch: the latest state, each account and code read
