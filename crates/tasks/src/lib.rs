@@ -1,4 +1,5 @@
-//! overdrive-tasks: the worker pools the components run on.
+//! overdrive-tasks: the worker pools the components run on, and [`largest_first`] for
+//! batches of independent jobs of very different sizes.
 //!
 //! Each component that works in parallel (the executor, the state root) owns one persistent
 //! rayon pool, started once and reused for every block. [`worker_pool`] builds it: named
@@ -11,6 +12,9 @@
 //! is woken on that core. Inside a node, pinned workers would fight the node's own threads
 //! for those cores, so the components leave it off unless asked.
 
+mod jobs;
+
+pub use jobs::largest_first;
 use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
 
 /// Whether a pool's workers are bound to cores.

@@ -51,6 +51,9 @@ pub enum BenchCommand {
     /// insertion) against `--overdrive.pool` (with `eth_sendRawTransaction` batched, then with
     /// `overdrive_sendRawTransactions`).
     Intake(super::load::intake::IntakeArgs),
+    /// The pipeline's state root stage in `import` of an exported chain (from genesis, then
+    /// incremental): reth's `MerkleExecute` against `--overdrive.merkle-stage`.
+    Merkle(super::load::merkle::MerkleArgs),
 }
 
 /// How both benchmarks treat the heap.
@@ -248,6 +251,7 @@ pub fn run(cmd: BenchCommand) -> eyre::Result<()> {
         BenchCommand::Load(args) => super::load::run(args),
         BenchCommand::Replay(args) => super::load::replay::run(args),
         BenchCommand::Intake(args) => super::load::intake::run(args),
+        BenchCommand::Merkle(args) => super::load::merkle::run(args),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `--overdrive.*` flags: which components run, and how. Every component is off by default,
 //! and with all of them off the node is stock reth.
 
+use crate::merkle::MerkleStageConfig;
 use clap::{Args, Parser, ValueEnum};
 use overdrive_intake::BatchLimits;
 use std::ffi::OsString;
@@ -45,6 +46,23 @@ pub struct OverdriveArgs {
     /// The most transactions one `overdrive_sendRawTransactions` call may carry.
     #[arg(long = "overdrive.pool.max-batch", value_name = "N", default_value_t = BatchLimits::default().max_txs, value_parser = positive)]
     pub pool_max_batch: usize,
+
+    /// Compute the pipeline's state root (`MerkleExecute`) with the changed storage tries
+    /// hashed in parallel and committed in chunks a restart resumes from (`import`).
+    #[arg(long = "overdrive.merkle-stage")]
+    pub merkle_stage: bool,
+
+    /// Threads hashing storage tries in the merkle stage [default: the machine's cores].
+    #[arg(long = "overdrive.merkle-stage.threads", value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub merkle_threads: Option<u16>,
+
+    /// Changed storage slots hashed and committed per chunk of the merkle stage.
+    #[arg(long = "overdrive.merkle-stage.chunk-slots", value_name = "N", default_value_t = MerkleStageConfig::default().chunk_slots, value_parser = clap::value_parser!(u64).range(1..))]
+    pub merkle_chunk_slots: u64,
+
+    /// A storage trie with at least this many changed slots is hashed as sixteen subtrees.
+    #[arg(long = "overdrive.merkle-stage.split-slots", value_name = "N", default_value_t = MerkleStageConfig::default().split_slots, value_parser = clap::value_parser!(u64).range(1..))]
+    pub merkle_split_slots: u64,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -62,17 +80,26 @@ impl Default for OverdriveArgs {
             pool: false,
             pool_threads: None,
             pool_max_batch: BatchLimits::default().max_txs,
+            merkle_stage: false,
+            merkle_threads: None,
+            merkle_chunk_slots: MerkleStageConfig::default().chunk_slots,
+            merkle_split_slots: MerkleStageConfig::default().split_slots,
         }
     }
 }
 
 /// The flags that take no value.
-const SWITCHES: &[&str] = &["--overdrive.pool"];
+const SWITCHES: &[&str] = &["--overdrive.pool", "--overdrive.merkle-stage"];
 
 impl OverdriveArgs {
     /// Whether any component is on (otherwise the node is stock reth).
     pub fn any_on(&self) -> bool {
-        self.exec == ExecMode::Parallel || self.pool
+        self.exec == ExecMode::Parallel || self.pool || self.merkle_stage
+    }
+
+    /// Whether `import` must run overdrive's command (a component there is on).
+    pub fn import_on(&self) -> bool {
+        self.exec_on() || self.merkle_stage
     }
 
     /// Whether the parallel executor is on (the components that replace reth's executor).
@@ -99,7 +126,26 @@ impl OverdriveArgs {
         } else {
             "pool: reth".to_string()
         };
-        format!("{exec}; {pool}")
+        let merkle = if self.merkle_stage {
+            format!(
+                "merkle stage: overdrive parallel ({} threads)",
+                threads(self.merkle_threads)
+            )
+        } else {
+            "merkle stage: reth".to_string()
+        };
+        format!("{exec}; {pool}; {merkle}")
+    }
+
+    /// The merkle stage's settings from the flags.
+    pub fn merkle_config(&self) -> MerkleStageConfig {
+        let defaults = MerkleStageConfig::default();
+        MerkleStageConfig {
+            threads: self.merkle_threads.map_or(defaults.threads, usize::from),
+            chunk_slots: self.merkle_chunk_slots,
+            split_slots: self.merkle_split_slots,
+            ..defaults
+        }
     }
 
     /// The batch limits of `overdrive_sendRawTransactions`.
@@ -197,7 +243,10 @@ mod tests {
         assert_eq!(rest, ["overdrive-reth", "node", "--dev"]);
         assert_eq!(args, OverdriveArgs::default());
         assert!(!args.any_on());
-        assert_eq!(args.summary(), "executor: reth (sequential); pool: reth");
+        assert_eq!(
+            args.summary(),
+            "executor: reth (sequential); pool: reth; merkle stage: reth"
+        );
     }
 
     #[test]
@@ -212,9 +261,27 @@ mod tests {
         assert_eq!(args.pool_limits().max_txs, 500);
         assert_eq!(
             args.summary(),
-            "executor: reth (sequential); pool: overdrive batched (3 threads, batches of at most 500)"
+            "executor: reth (sequential); pool: overdrive batched (3 threads, batches of at most 500); merkle stage: reth"
         );
         assert!(split("overdrive-reth node --overdrive.pool.max-batch 0").is_err());
+    }
+
+    #[test]
+    fn the_merkle_stage_switch_takes_no_value() {
+        let (rest, args) = split(
+            "overdrive-reth import --overdrive.merkle-stage chain.rlp --overdrive.merkle-stage.threads 2 --overdrive.merkle-stage.chunk-slots=10",
+        )
+        .unwrap();
+        assert_eq!(rest, ["overdrive-reth", "import", "chain.rlp"]);
+        assert!(args.merkle_stage && args.import_on() && !args.exec_on());
+        let config = args.merkle_config();
+        assert_eq!((config.threads, config.chunk_slots), (2, 10));
+        assert_eq!(config.split_slots, MerkleStageConfig::default().split_slots);
+        assert!(
+            args.summary()
+                .ends_with("merkle stage: overdrive parallel (2 threads)")
+        );
+        assert!(split("overdrive-reth import --overdrive.merkle-stage.chunk-slots 0").is_err());
     }
 
     #[test]

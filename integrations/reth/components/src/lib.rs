@@ -10,6 +10,9 @@
 //!   endpoint that feeds it batches (`--overdrive.pool`).
 //! - [`exex::timings_exex`]: an ExEx reporting which executor ran each committed block, its time
 //!   and gas.
+//! - [`merkle::ParallelMerkleStage`]: reth's `MerkleExecute` pipeline stage with the changed
+//!   storage tries hashed in parallel and committed in resumable chunks
+//!   (`--overdrive.merkle-stage`, in `import`).
 //! - [`OverdriveArgs`]: the `--overdrive.*` flags; with every component off the node is stock
 //!   reth.
 //!
@@ -22,6 +25,7 @@ mod evm;
 mod executor;
 pub mod exex;
 pub mod import;
+pub mod merkle;
 mod node;
 mod parallel;
 pub mod pool;

@@ -4,6 +4,7 @@
 //! after the other, on the same genesis and the same pre-signed transactions.
 
 pub mod intake;
+pub mod merkle;
 mod node;
 pub mod replay;
 mod report;

@@ -97,7 +97,7 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     Ok(())
 }
 
-fn read_chain(path: &Path) -> eyre::Result<Vec<Block<TxEnvelope>>> {
+pub(super) fn read_chain(path: &Path) -> eyre::Result<Vec<Block<TxEnvelope>>> {
     let bytes = std::fs::read(path).wrap_err_with(|| format!("reading {}", path.display()))?;
     let mut rest = bytes.as_slice();
     let mut blocks = Vec::new();

@@ -68,8 +68,9 @@ fn run() -> eyre::Result<()> {
         Ok(split) => split,
         Err(e) => e.exit(),
     };
-    // `import` needs the database opened before its EVM configuration is built.
-    if args.exec_on()
+    // `import` needs the database opened before its EVM configuration is built, and its own
+    // pipeline for the merkle stage.
+    if args.import_on()
         && let Some(command) = argv
             .iter_mut()
             .skip(1)
@@ -109,9 +110,22 @@ fn run() -> eyre::Result<()> {
                     offline.summary()
                 );
             }
+            if offline.merkle_stage {
+                tracing::warn!(
+                    target: "overdrive",
+                    "this command runs reth's merkle stage: --overdrive.merkle-stage applies to `import` only"
+                );
+            }
             OverdriveNode::cli_components(spec)
         },
         async move |builder, _| {
+            if args.merkle_stage {
+                // The node builder builds its pipeline with no hook for a stage; putting this
+                // one in needs a launcher of its own, which overdrive-reth does not have yet.
+                eyre::bail!(
+                    "--overdrive.merkle-stage applies to `import` only: `node` runs reth's merkle stage"
+                );
+            }
             tracing::info!(target: "overdrive", "overdrive components: {}", args.summary());
             exex::describe_metrics();
             rpc::describe_metrics();

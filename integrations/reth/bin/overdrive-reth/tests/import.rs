@@ -6,14 +6,8 @@ mod support;
 
 use alloy_consensus::{Block, TxEnvelope};
 use alloy_primitives::B256;
-use overdrive_chain::{Chain, Fork};
-use overdrive_workload::{WorkloadConfig, WorkloadKind};
-use reth_db::{cursor::DbCursorRO, tables, transaction::DbTx};
-use reth_provider::{
-    BlockHashReader, BlockNumReader, ChangeSetReader, HeaderProvider, ReceiptProvider,
-    StorageChangeSetReader,
-};
-use std::path::Path;
+use overdrive_workload::WorkloadKind;
+use support::imports::{chain, contents, import, tail, write_blocks};
 
 /// The two ways the tests import: reth's executor, and overdrive's on two threads.
 const MODES: [(&str, &[&str]); 2] = [
@@ -28,88 +22,6 @@ const MODES: [(&str, &[&str]); 2] = [
         ],
     ),
 ];
-
-fn chain(kind: WorkloadKind, blocks: usize) -> Chain {
-    let workload = overdrive_workload::generate(&WorkloadConfig {
-        accounts: 400,
-        // Compute calls use 0.2-0.9 Mgas each.
-        txs_per_block: if kind == WorkloadKind::Compute {
-            30
-        } else {
-            250
-        },
-        blocks,
-        pairs: 8,
-        ..WorkloadConfig::new(kind)
-    })
-    .unwrap();
-    overdrive_chain::build(&workload, Fork::Prague).unwrap()
-}
-
-/// Writes `blocks` as a chain file in `dir`.
-fn write_blocks(dir: &Path, name: &str, blocks: &[Block<TxEnvelope>]) -> std::path::PathBuf {
-    let path = dir.join(name);
-    let mut bytes = Vec::new();
-    for block in blocks {
-        alloy_rlp::Encodable::encode(block, &mut bytes);
-    }
-    std::fs::write(&path, bytes).unwrap();
-    path
-}
-
-/// Initializes a datadir and imports `file` into it with `flags`; returns the command's output.
-fn import(genesis: &Path, file: &Path, datadir: &Path, flags: &[&str]) -> std::process::Output {
-    support::init_datadir(genesis, datadir);
-    support::overdrive_reth()
-        .args(["import", "--color", "never"])
-        .args(flags)
-        .arg("--chain")
-        .arg(genesis)
-        .arg("--datadir")
-        .arg(datadir)
-        .arg(file)
-        .output()
-        .expect("the binary runs")
-}
-
-/// Everything a test compares between two imports: the head, every header, every receipt, and
-/// the state, history and trie tables row for row.
-fn contents(genesis: &Path, datadir: &Path) -> (u64, B256, String) {
-    let factory = support::open(support::reth_spec(genesis), datadir);
-    let provider = factory.provider().unwrap();
-    let head = provider.best_block_number().unwrap();
-    let hash = provider.block_hash(head).unwrap().unwrap();
-    let mut out = String::new();
-    for number in 0..=head {
-        let header = provider.header_by_number(number).unwrap().unwrap();
-        let receipts = provider
-            .receipts_by_block(number.into())
-            .unwrap()
-            .unwrap_or_default();
-        out.push_str(&format!("{number}: {header:?} {receipts:?}\n"));
-    }
-    macro_rules! table {
-        ($table:ty) => {{
-            let mut cursor = provider.tx_ref().cursor_read::<$table>().unwrap();
-            let rows: Vec<_> = cursor.walk(None).unwrap().map(|row| row.unwrap()).collect();
-            out.push_str(&format!("{}: {rows:?}\n", stringify!($table)));
-        }};
-    }
-    table!(tables::PlainAccountState);
-    table!(tables::PlainStorageState);
-    table!(tables::HashedAccounts);
-    table!(tables::HashedStorages);
-    // reth v2.5.1 writes the trie tables in the packed encoding of its storage v2.
-    table!(tables::PackedAccountsTrie);
-    table!(tables::PackedStoragesTrie);
-    for number in 1..=head {
-        let accounts = provider.account_block_changeset(number).unwrap();
-        let storage = provider.storage_changeset(number).unwrap();
-        out.push_str(&format!("changes {number}: {accounts:?} {storage:?}\n"));
-    }
-    table!(tables::Bytecodes);
-    (head, hash, out)
-}
 
 /// Both executors import each workload's chain to the chain's own head and state root, into
 /// identical databases; overdrive's ran every block on its parallel path.
@@ -149,12 +61,6 @@ fn imports_agree_for_every_workload() {
             "{kind}: the two imports' databases differ"
         );
     }
-}
-
-/// The last lines of a command's output.
-fn tail(output: &str) -> String {
-    let lines: Vec<&str> = output.lines().collect();
-    lines[lines.len().saturating_sub(25)..].join("\n")
 }
 
 /// Seals `block` again after a change (its hash changes, so later blocks no longer follow it).

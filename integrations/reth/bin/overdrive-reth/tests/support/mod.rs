@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod imports;
+
 use alloy_consensus::{Block as AlloyBlock, TxEnvelope, transaction::Recovered};
 use alloy_genesis::{Genesis, GenesisAccount};
 use alloy_primitives::B256;

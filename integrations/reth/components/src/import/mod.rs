@@ -3,8 +3,12 @@
 //! reth's offline commands build their EVM configuration from the chain spec alone, so the
 //! parallel executor, which opens a read transaction per thread, has no database there. This
 //! command is reth's `import` (same flags, same steps, reth's `import_blocks_from_file` does the
-//! work) with the EVM configuration built after the database is open. The launcher runs it in
-//! place of reth's when a component is on.
+//! work) with the EVM configuration built after the database is open. With
+//! `--overdrive.merkle-stage` the work is done by [`pipeline`], reth's function with overdrive's
+//! merkle stage in the pipeline. The launcher runs this command in place of reth's when a
+//! component is on.
+
+mod pipeline;
 
 use crate::{
     BlockLog, FactoryOpener, OverdriveArgs, OverdriveEvmConfig, OverdriveNode, ParallelBlocks,
@@ -85,16 +89,30 @@ impl ImportCommand {
         info!(target: "reth::cli", "Starting import of {} file(s)", self.paths.len());
         for (index, path) in self.paths.iter().enumerate() {
             info!(target: "reth::cli", "Importing file {} of {}: {}", index + 1, self.paths.len(), path.display());
-            let result = import_blocks_from_file(
-                path,
-                import.clone(),
-                provider_factory.clone(),
-                &config,
-                evm_config.clone(),
-                consensus.clone(),
-                runtime.clone(),
-            )
-            .await?;
+            let result = if self.overdrive.merkle_stage {
+                pipeline::import_blocks_from_file(
+                    path,
+                    import.clone(),
+                    provider_factory.clone(),
+                    &config,
+                    evm_config.clone(),
+                    consensus.clone(),
+                    runtime.clone(),
+                    self.overdrive.merkle_config(),
+                )
+                .await?
+            } else {
+                import_blocks_from_file(
+                    path,
+                    import.clone(),
+                    provider_factory.clone(),
+                    &config,
+                    evm_config.clone(),
+                    consensus.clone(),
+                    runtime.clone(),
+                )
+                .await?
+            };
             if result.stopped_on_invalid_block {
                 info!(target: "reth::cli",
                     "Stopped at last valid block {} due to invalid block {} in file: {}. Imported {} blocks, {} transactions",
