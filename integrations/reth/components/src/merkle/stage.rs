@@ -196,7 +196,7 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
         for part in parts {
             updates.extend(part);
         }
-        let overlay = updates.clone().into_sorted();
+        let overlay = updates.clone_into_sorted();
         let tx = provider.tx_ref();
         let root = with_adapter!(provider, |A| {
             StateRoot::new(
