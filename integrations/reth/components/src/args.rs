@@ -63,6 +63,11 @@ pub struct OverdriveArgs {
     /// A storage trie with at least this many changed slots is hashed as sixteen subtrees.
     #[arg(long = "overdrive.merkle-stage.split-slots", value_name = "N", default_value_t = MerkleStageConfig::default().split_slots, value_parser = clap::value_parser!(u64).range(1..))]
     pub merkle_split_slots: u64,
+
+    /// Never hand a run to reth's serial merkle stage (by default it takes those on one thread
+    /// and those where no storage trie has split-slots changed slots, where it is faster).
+    #[arg(long = "overdrive.merkle-stage.no-fallback")]
+    pub merkle_no_fallback: bool,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -84,12 +89,17 @@ impl Default for OverdriveArgs {
             merkle_threads: None,
             merkle_chunk_slots: MerkleStageConfig::default().chunk_slots,
             merkle_split_slots: MerkleStageConfig::default().split_slots,
+            merkle_no_fallback: false,
         }
     }
 }
 
 /// The flags that take no value.
-const SWITCHES: &[&str] = &["--overdrive.pool", "--overdrive.merkle-stage"];
+const SWITCHES: &[&str] = &[
+    "--overdrive.pool",
+    "--overdrive.merkle-stage",
+    "--overdrive.merkle-stage.no-fallback",
+];
 
 impl OverdriveArgs {
     /// Whether any component is on (otherwise the node is stock reth).
@@ -128,8 +138,13 @@ impl OverdriveArgs {
         };
         let merkle = if self.merkle_stage {
             format!(
-                "merkle stage: overdrive parallel ({} threads)",
-                threads(self.merkle_threads)
+                "merkle stage: overdrive parallel ({} threads{})",
+                threads(self.merkle_threads),
+                if self.merkle_no_fallback {
+                    ", never reth's"
+                } else {
+                    ", reth's where faster"
+                }
             )
         } else {
             "merkle stage: reth".to_string()
@@ -144,6 +159,7 @@ impl OverdriveArgs {
             threads: self.merkle_threads.map_or(defaults.threads, usize::from),
             chunk_slots: self.merkle_chunk_slots,
             split_slots: self.merkle_split_slots,
+            fallback: !self.merkle_no_fallback,
             ..defaults
         }
     }
@@ -277,10 +293,17 @@ mod tests {
         let config = args.merkle_config();
         assert_eq!((config.threads, config.chunk_slots), (2, 10));
         assert_eq!(config.split_slots, MerkleStageConfig::default().split_slots);
+        assert!(config.fallback);
         assert!(
             args.summary()
-                .ends_with("merkle stage: overdrive parallel (2 threads)")
+                .ends_with("merkle stage: overdrive parallel (2 threads, reth's where faster)")
         );
+        let (rest, args) = split(
+            "overdrive-reth import --overdrive.merkle-stage.no-fallback chain.rlp --overdrive.merkle-stage",
+        )
+        .unwrap();
+        assert_eq!(rest, ["overdrive-reth", "import", "chain.rlp"]);
+        assert!(args.merkle_stage && !args.merkle_config().fallback);
         assert!(split("overdrive-reth import --overdrive.merkle-stage.chunk-slots 0").is_err());
     }
 

@@ -12,7 +12,8 @@
 //!   and gas.
 //! - [`merkle::ParallelMerkleStage`]: reth's `MerkleExecute` pipeline stage with the changed
 //!   storage tries hashed in parallel and committed in resumable chunks
-//!   (`--overdrive.merkle-stage`, in `import`).
+//!   (`--overdrive.merkle-stage`), set into `import`'s pipeline and, through
+//!   [`launch::MerkleStageLauncher`] (reth's node launcher with its own pipeline), `node`'s.
 //! - [`OverdriveArgs`]: the `--overdrive.*` flags; with every component off the node is stock
 //!   reth.
 //!
@@ -25,6 +26,7 @@ mod evm;
 mod executor;
 pub mod exex;
 pub mod import;
+pub mod launch;
 pub mod merkle;
 mod node;
 mod parallel;

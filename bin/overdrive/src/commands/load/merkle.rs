@@ -21,6 +21,9 @@ pub struct MerkleArgs {
     /// Threads of overdrive's stage.
     #[arg(long, default_value_t = 2, value_parser = crate::commands::positive)]
     threads: usize,
+    /// Never hand a run to reth's stage (`--overdrive.merkle-stage.no-fallback`).
+    #[arg(long)]
+    no_fallback: bool,
     /// Blocks in the first file [default: half the chain].
     #[arg(long)]
     first: Option<usize>,
@@ -31,6 +34,9 @@ pub struct MerkleArgs {
     #[arg(long)]
     json: bool,
 }
+
+/// The line overdrive's stage logs when it hands a run to reth's stage.
+const HANDED_OVER: &str = "Running reth's merkle stage";
 
 pub fn run(args: MerkleArgs) -> eyre::Result<()> {
     let genesis = args.chain.join("genesis.json");
@@ -59,17 +65,16 @@ pub fn run(args: MerkleArgs) -> eyre::Result<()> {
         std::fs::write(path, bytes)?;
     }
     let threads = args.threads.to_string();
-    let modes: [(&str, Vec<&str>); 2] = [
-        ("reth", vec![]),
-        (
-            "overdrive",
-            vec![
-                "--overdrive.merkle-stage",
-                "--overdrive.merkle-stage.threads",
-                &threads,
-            ],
-        ),
+    let mut ours = vec![
+        "--overdrive.merkle-stage",
+        "--overdrive.merkle-stage.threads",
+        &threads,
     ];
+    if args.no_fallback {
+        ours.push("--overdrive.merkle-stage.no-fallback");
+    }
+    let modes: [(&str, Vec<&str>); 2] = [("reth", vec![]), ("overdrive", ours)];
+    let mut handed_over = 0;
     let mut seconds = Vec::new();
     for (label, flags) in modes {
         let datadir = args.out.join(format!("{label}-data"));
@@ -111,6 +116,9 @@ pub fn run(args: MerkleArgs) -> eyre::Result<()> {
                 runs.len()
             );
         }
+        if label == "overdrive" {
+            handed_over = log.matches(HANDED_OVER).count();
+        }
         println!(
             "{label}: MerkleExecute {:.3} s from genesis (blocks 1..={first}), {:.3} s incremental (blocks {}..={})",
             runs[0],
@@ -123,7 +131,7 @@ pub fn run(args: MerkleArgs) -> eyre::Result<()> {
     }
     let ratio = |i: usize| round(seconds[0][i] / seconds[1][i], 2);
     println!(
-        "merkle stage on {} threads: {}x from genesis, {}x incremental (reth's time over overdrive's)",
+        "merkle stage on {} threads: {}x from genesis, {}x incremental (reth's time over overdrive's); {handed_over} of 2 runs handed to reth's stage",
         args.threads,
         ratio(0),
         ratio(1)
@@ -133,7 +141,8 @@ pub fn run(args: MerkleArgs) -> eyre::Result<()> {
             "{}",
             json!({"bench": "merkle", "threads": args.threads, "blocks": blocks.len(), "first": first,
                 "reth_s": seconds[0], "overdrive_s": seconds[1],
-                "speedup_genesis": ratio(0), "speedup_incremental": ratio(1)})
+                "speedup_genesis": ratio(0), "speedup_incremental": ratio(1),
+                "handed_to_reth": handed_over})
         );
     }
     Ok(())

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use overdrive_reth_components::{
     OverdriveArgs, OverdriveNode, exex,
     import::ImportCommand,
+    launch::MerkleStageLauncher,
     rpc::{self, BatchSubmit, OverdriveApiServer},
     split_args,
 };
@@ -13,6 +14,7 @@ use reth_ethereum::cli::{
     interface::{Cli, Commands},
 };
 use reth_ethereum_cli::app::ExtendedCommand;
+use reth_node_builder::DebugNodeLauncher;
 use reth_rpc_server_types::DefaultRpcModuleValidator;
 use std::ffi::OsString;
 
@@ -113,19 +115,12 @@ fn run() -> eyre::Result<()> {
             if offline.merkle_stage {
                 tracing::warn!(
                     target: "overdrive",
-                    "this command runs reth's merkle stage: --overdrive.merkle-stage applies to `import` only"
+                    "this command runs reth's merkle stage: --overdrive.merkle-stage applies to `node` and `import` only"
                 );
             }
             OverdriveNode::cli_components(spec)
         },
         async move |builder, _| {
-            if args.merkle_stage {
-                // The node builder builds its pipeline with no hook for a stage; putting this
-                // one in needs a launcher of its own, which overdrive-reth does not have yet.
-                eyre::bail!(
-                    "--overdrive.merkle-stage applies to `import` only: `node` runs reth's merkle stage"
-                );
-            }
             tracing::info!(target: "overdrive", "overdrive components: {}", args.summary());
             exex::describe_metrics();
             rpc::describe_metrics();
@@ -133,7 +128,7 @@ fn run() -> eyre::Result<()> {
             let log = node.block_log().clone();
             let intake = node.intake().cloned();
             let limits = args.pool_limits();
-            let handle = builder
+            let builder = builder
                 .node(node)
                 .install_exex_if(args.exec_on(), "overdrive-timings", async move |ctx| {
                     Ok(exex::timings_exex(ctx, log))
@@ -155,8 +150,20 @@ fn run() -> eyre::Result<()> {
                     tracing::info!(target: "overdrive", "serving overdrive_sendRawTransactions");
                     Ok(())
                 })
-                .launch_with_debug_capabilities()
-                .await?;
+                ;
+            let handle = if args.merkle_stage {
+                // reth's launcher has no hook for a pipeline stage: this one is reth's with
+                // the merkle stage set into its pipeline.
+                let launcher = MerkleStageLauncher::new(
+                    builder.task_executor().clone(),
+                    builder.config().datadir(),
+                    builder.config().tree_config(),
+                    args.merkle_config(),
+                );
+                builder.launch_with(DebugNodeLauncher::new(launcher)).await?
+            } else {
+                builder.launch_with_debug_capabilities().await?
+            };
             handle.wait_for_node_exit().await
         },
     )

@@ -1,6 +1,7 @@
-//! `import --overdrive.merkle-stage`: overdrive's merkle stage against reth's, on the same
-//! chains. The trie tables must come out row for row as reth's stage writes them, whether
-//! every storage trie is hashed whole or cut into subtrees, in one commit or one per trie, and
+//! `--overdrive.merkle-stage` in `import` and in `node`'s pipeline: overdrive's merkle stage
+//! against reth's, on the same chains. The trie tables must come out row for row as reth's
+//! stage writes them, whether every storage trie is hashed whole or cut into subtrees, in one
+//! commit or one per trie, on one thread or handed to reth's stage, in a node's pipeline, and
 //! after the import is killed inside the stage again and again.
 
 mod support;
@@ -23,18 +24,33 @@ use std::{
     process::Stdio,
     time::Duration,
 };
-use support::imports::{chain, contents, import_command, import_files, tail, write_blocks};
+use support::imports::{chain, contents, import, import_command, import_files, tail, write_blocks};
 
-/// The ways the tests run the stage: by name, its threads, and its other flags. Every storage
-/// trie hashed whole, every one cut into its sixteen subtrees, one trie per committed chunk,
-/// and all of it on one thread.
-const VARIANTS: [(&str, &str, &[&str]); 4] = [
+/// The ways the tests run the stage: by name, its threads, its other flags, and the line each
+/// run of it logs. Every storage trie hashed whole, every one cut into its sixteen subtrees,
+/// one trie per committed chunk, all of it on one thread — these four never handed to reth's
+/// stage — and the default fallback on these small chains, where every run goes to reth's.
+const VARIANTS: [Variant; 5] = [
     (
         "whole",
         "2",
-        &["--overdrive.merkle-stage.split-slots", "1000000000"],
+        &[
+            "--overdrive.merkle-stage.split-slots",
+            "1000000000",
+            "--overdrive.merkle-stage.no-fallback",
+        ],
+        OURS,
     ),
-    ("split", "2", &["--overdrive.merkle-stage.split-slots", "1"]),
+    (
+        "split",
+        "2",
+        &[
+            "--overdrive.merkle-stage.split-slots",
+            "1",
+            "--overdrive.merkle-stage.no-fallback",
+        ],
+        OURS,
+    ),
     (
         "chunks",
         "2",
@@ -43,7 +59,9 @@ const VARIANTS: [(&str, &str, &[&str]); 4] = [
             "1",
             "--overdrive.merkle-stage.chunk-slots",
             "1",
+            "--overdrive.merkle-stage.no-fallback",
         ],
+        OURS,
     ),
     (
         "one thread",
@@ -53,11 +71,45 @@ const VARIANTS: [(&str, &str, &[&str]); 4] = [
             "1",
             "--overdrive.merkle-stage.chunk-slots",
             "2",
+            "--overdrive.merkle-stage.no-fallback",
         ],
+        OURS,
+    ),
+    (
+        "fallback",
+        "2",
+        &["--overdrive.merkle-stage.split-slots", "1000000000"],
+        RETHS,
     ),
 ];
 
-fn flags((_, threads, rest): (&str, &'static str, &[&'static str])) -> Vec<&'static str> {
+/// One trie per chunk, every trie split, the fallback on: a chain whose tries change keeps
+/// every run in overdrive's stage (each changed trie has split-slots changed slots).
+const CHUNKS_WITH_FALLBACK: Variant = (
+    "chunks with the fallback",
+    "2",
+    &[
+        "--overdrive.merkle-stage.split-slots",
+        "1",
+        "--overdrive.merkle-stage.chunk-slots",
+        "1",
+    ],
+    OURS,
+);
+
+type Variant = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+);
+
+/// What overdrive's stage logs when it finishes a run.
+const OURS: &str = "State root checked";
+/// What it logs when it hands a run to reth's stage.
+const RETHS: &str = "Running reth's merkle stage";
+
+fn flags((_, threads, rest, _): (&str, &'static str, &[&'static str], &str)) -> Vec<&'static str> {
     let stage = [
         "--overdrive.merkle-stage",
         "--overdrive.merkle-stage.threads",
@@ -93,7 +145,7 @@ fn the_stage_writes_reths_tries_for_every_workload() {
             "{kind} reth"
         );
 
-        for variant @ (name, _, _) in VARIANTS {
+        for variant @ (name, _, _, ran) in VARIANTS {
             let datadir = dir.path().join(name);
             let output = import_files(&genesis, &files, &datadir, &flags(variant));
             let stdout = String::from_utf8_lossy(&output.stdout);
@@ -103,10 +155,11 @@ fn the_stage_writes_reths_tries_for_every_workload() {
                 tail(&stdout),
                 tail(&String::from_utf8_lossy(&output.stderr))
             );
+            let other = if ran == OURS { RETHS } else { OURS };
             assert_eq!(
-                stdout.matches("State root checked").count(),
-                2,
-                "{kind} {name}: the stage did not run once per file:\n{}",
+                (stdout.matches(ran).count(), stdout.matches(other).count()),
+                (2, 0),
+                "{kind} {name}: {ran:?} not logged once per file, or {other:?} logged:\n{}",
                 tail(&stdout)
             );
             let (head, hash, tables) = contents(&genesis, &datadir);
@@ -156,7 +209,7 @@ fn a_stage_killed_again_and_again_resumes_to_reths_tries() {
 
     let datadir = dir.path().join("killed");
     support::init_datadir(&genesis, &datadir);
-    let flags = flags(VARIANTS[2]);
+    let flags = flags(CHUNKS_WITH_FALLBACK);
     let mut rng = SmallRng::seed_from_u64(41);
     let (mut runs, mut kills, mut chunks) = (0, 0, 0);
     loop {
@@ -215,6 +268,75 @@ fn a_stage_killed_again_and_again_resumes_to_reths_tries() {
     assert!(
         tables == expected,
         "after {kills} kills the tables differ from reth's"
+    );
+}
+
+/// `node --overdrive.merkle-stage`: the blocks stored by an import without state
+/// (`import --no-state`), then a node started on them, whose engine backfills to the stored
+/// head at launch: its pipeline runs the stage (in chunks, every trie split), and the tables
+/// are the ones reth's stage writes in an import of the same chain.
+#[test]
+fn the_nodes_pipeline_runs_the_stage() {
+    let chain = many_tries();
+    let dir = support::temp_dir("merkle-node");
+    let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
+    let file = write_blocks(dir.path(), "chain.rlp", &chain.blocks);
+
+    let reth = dir.path().join("reth");
+    let output = import(&genesis, &file, &reth, &[]);
+    assert!(output.status.success());
+    let (_, _, expected) = contents(&genesis, &reth);
+
+    let datadir = dir.path().join("node");
+    let output = import(&genesis, &file, &datadir, &["--no-state"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        tail(&String::from_utf8_lossy(&output.stdout))
+    );
+    let log_path = dir.path().join("node.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut node = support::KillOnDrop(
+        support::overdrive_reth()
+            .args(["node", "--color", "never", "--chain"])
+            .arg(&genesis)
+            .arg("--datadir")
+            .arg(&datadir)
+            .args([
+                "--port",
+                &support::free_port().to_string(),
+                "--disable-discovery",
+            ])
+            .args([
+                "--authrpc.port",
+                &support::free_port().to_string(),
+                "--ipcdisable",
+            ])
+            // Exit once the launch's backfill is done.
+            .arg("--debug.terminate")
+            .args(flags(CHUNKS_WITH_FALLBACK))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let status = support::wait_for(
+        "the node to finish its backfill",
+        Duration::from_secs(300),
+        || node.0.try_wait().unwrap(),
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(status.success(), "{status}\n{}", tail(&log));
+    assert!(
+        log.contains("Pipeline runs overdrive's merkle stage") && log.matches(OURS).count() == 1,
+        "the node's pipeline did not run the stage once:\n{}",
+        tail(&log)
+    );
+    let (head, hash, tables) = contents(&genesis, &datadir);
+    assert_eq!((head, hash), (chain.blocks.len() as u64, chain.head_hash()));
+    assert!(
+        tables == expected,
+        "the node's tables differ from reth's import"
     );
 }
 

@@ -257,7 +257,10 @@ where
                 PruneModes::default(),
             )
             .builder()
-            .set(ParallelMerkleStage::new(provider_factory.clone(), merkle)),
+            .set(ParallelMerkleStage::new(
+                provider_factory.clone(),
+                merkle.with_reth_thresholds(&config.stages.merkle),
+            )),
         )
         .add_stage(FinishStage::default())
         .build(provider_factory.clone(), static_file_producer);
@@ -357,7 +360,10 @@ where
     .builder()
     .disable_all_if(&StageId::STATE_REQUIRED, || disable_exec)
     // The one difference from reth's import pipeline.
-    .set(ParallelMerkleStage::new(provider_factory.clone(), merkle));
+    .set(ParallelMerkleStage::new(
+        provider_factory.clone(),
+        merkle.with_reth_thresholds(&config.stages.merkle),
+    ));
     let pipeline = Pipeline::builder()
         .with_tip_sender(tip_tx)
         .with_max_block(max_block)

@@ -13,6 +13,7 @@ use reth_provider::{
     StageCheckpointReader, StageCheckpointWriter, StatsReader, StorageChangeSetReader,
     StorageSettingsCache, TrieWriter, providers::ProviderNodeTypes,
 };
+use reth_stages::stages::MerkleStage;
 use reth_stages_api::{
     BlockErrorKind, EntitiesCheckpoint, ExecInput, ExecOutput, Stage, StageCheckpoint, StageError,
     StageId, UnwindInput, UnwindOutput,
@@ -43,8 +44,26 @@ pub struct MerkleStageConfig {
     pub chunk_slots: u64,
     /// A storage trie with at least this many changed slots is hashed as sixteen subtrees.
     pub split_slots: u64,
-    /// Above this many blocks the trie is rebuilt from the hashed state (reth's default).
+    /// Above this many blocks the trie is rebuilt from the hashed state (reth's
+    /// `stages.merkle.rebuild_threshold`).
     pub rebuild_threshold: u64,
+    /// reth's `stages.merkle.incremental_threshold`, for the runs handed to reth's stage, and
+    /// the longest range whose changes are read to decide whether to hand it over.
+    pub incremental_threshold: u64,
+    /// Hand a run to reth's serial stage where it is the faster one: on one thread, and over a
+    /// range in which no storage trie has `split_slots` changed slots.
+    pub fallback: bool,
+}
+
+impl MerkleStageConfig {
+    /// These settings with reth's thresholds from its `[stages.merkle]` configuration.
+    pub const fn with_reth_thresholds(self, reth: &reth_config::config::MerkleConfig) -> Self {
+        Self {
+            rebuild_threshold: reth.rebuild_threshold,
+            incremental_threshold: reth.incremental_threshold,
+            ..self
+        }
+    }
 }
 
 impl Default for MerkleStageConfig {
@@ -54,6 +73,8 @@ impl Default for MerkleStageConfig {
             chunk_slots: 1_000_000,
             split_slots: 4_096,
             rebuild_threshold: reth_stages::stages::MERKLE_STAGE_DEFAULT_REBUILD_THRESHOLD,
+            incremental_threshold: reth_stages::stages::MERKLE_STAGE_DEFAULT_INCREMENTAL_THRESHOLD,
+            fallback: true,
         }
     }
 }
@@ -70,16 +91,72 @@ impl Default for MerkleStageConfig {
 /// committed trie, and the root over the new top nodes. On one thread both steps run in the
 /// stage's own transaction, as reth's stage does. Unwinding is reth's `MerkleStage::Unwind`,
 /// which this stage leaves in place.
+///
+/// With [`MerkleStageConfig::fallback`], a run that starts where splitting cannot pay is handed
+/// to reth's `MerkleStage::Execution` whole (see [`ParallelMerkleStage::reths_run`]); a run
+/// reth's stage began (its own rebuild progress is saved) is always finished by reth's stage.
 #[derive(Debug, Clone)]
 pub struct ParallelMerkleStage<N: ProviderNodeTypes> {
     factory: ProviderFactory<N>,
     config: MerkleStageConfig,
+    reth: MerkleStage,
 }
 
 impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
     /// The stage, opening its workers' read transactions on `factory`.
     pub const fn new(factory: ProviderFactory<N>, config: MerkleStageConfig) -> Self {
-        Self { factory, config }
+        let reth =
+            MerkleStage::new_execution(config.rebuild_threshold, config.incremental_threshold);
+        Self {
+            factory,
+            config,
+            reth,
+        }
+    }
+
+    /// Whether a run that has no progress of this stage's own goes to reth's stage, and why.
+    /// `changes` receives the range's prefix sets where they were read to decide.
+    ///
+    /// Splitting one large trie across the threads is what makes this stage faster; over many
+    /// small tries its extra commits and second read of each storage root cost more than the
+    /// threads save, and on one thread there is nothing to gain at all. A range longer than
+    /// `incremental_threshold` is not read to decide: its changes are what reth's stage would
+    /// not hold in memory at once either.
+    fn reths_run<Provider>(
+        &self,
+        provider: &Provider,
+        range: &std::ops::RangeInclusive<BlockNumber>,
+        changes: &mut Option<TriePrefixSets>,
+    ) -> Result<Option<&'static str>, StageError>
+    where
+        Provider: StageCheckpointReader + ChangeSetReader + StorageChangeSetReader + DBProvider,
+        Provider: StorageSettingsCache,
+    {
+        if provider
+            .get_stage_checkpoint_progress(StageId::MerkleExecute)?
+            .is_some_and(|bytes| !bytes.is_empty())
+        {
+            return Ok(Some("reth's stage began this run"));
+        }
+        if !self.config.fallback {
+            return Ok(None);
+        }
+        if self.config.threads == 1 {
+            return Ok(Some("one thread"));
+        }
+        let blocks = range.end() - range.start() + 1;
+        if blocks > self.config.incremental_threshold {
+            return Ok(None);
+        }
+        let loaded = changes.insert(load_prefix_sets_with_provider(provider, range.clone())?);
+        let largest = loaded
+            .storage_prefix_sets
+            .values()
+            .map(|changed| changed.len() as u64)
+            .max()
+            .unwrap_or(0);
+        Ok((largest < self.config.split_slots)
+            .then_some("no storage trie has split-slots changed slots in the range"))
     }
 
     /// Hashes the storage tries of `accounts` (each with its changed slots), returns their
@@ -257,7 +334,17 @@ where
         }
 
         let started = Instant::now();
-        let saved = Progress::load(provider)?.filter(|p| p.target == to_block);
+        let stale = Progress::load(provider)?;
+        let saved = stale.filter(|p| p.target == to_block);
+        let mut changes = None;
+        // A rebuild this stage began for another target left cleared tables only it finishes.
+        if stale.is_none_or(|p| !p.rebuild)
+            && let Some(reason) = self.reths_run(provider, &range, &mut changes)?
+        {
+            info!(target: TARGET, from_block, to_block, reason, "Running reth's merkle stage");
+            Progress::save(provider, None)?;
+            return self.reth.execute(provider, input);
+        }
         let mut entities = match saved {
             Some(_) => input.checkpoint().entities_stage_checkpoint(),
             None => None,
@@ -269,16 +356,9 @@ where
         let rebuild = match saved {
             Some(progress) => progress.rebuild,
             None => {
-                // A run of reth's own stage left half a rebuilt trie: only a rebuild fixes it.
-                let reth_run = provider
-                    .get_stage_checkpoint_progress(StageId::MerkleExecute)?
-                    .is_some_and(|bytes| !bytes.is_empty());
-                let rebuild = reth_run
+                let rebuild = stale.is_some_and(|p| p.rebuild)
                     || from_block == 1
                     || to_block - from_block > self.config.rebuild_threshold;
-                if reth_run {
-                    provider.save_stage_checkpoint_progress(StageId::MerkleExecute, Vec::new())?;
-                }
                 if rebuild {
                     // Committed before any worker reads (the workers, even the one on this
                     // thread, read through transactions of their own, which would see the old
@@ -302,7 +382,10 @@ where
             }
         };
 
-        let changes = load_prefix_sets_with_provider(provider, range.clone())?;
+        let changes = match changes {
+            Some(changes) => changes,
+            None => load_prefix_sets_with_provider(provider, range.clone())?,
+        };
         if !saved.is_some_and(|p| p.storage_done) {
             let mut accounts: Vec<(B256, PrefixSet)> = changes
                 .storage_prefix_sets
