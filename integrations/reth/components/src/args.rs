@@ -64,8 +64,9 @@ pub struct OverdriveArgs {
     #[arg(long = "overdrive.merkle-stage.split-slots", value_name = "N", default_value_t = MerkleStageConfig::default().split_slots, value_parser = clap::value_parser!(u64).range(1..))]
     pub merkle_split_slots: u64,
 
-    /// Never hand a run to reth's serial merkle stage (by default it takes those on one thread
-    /// and those where no storage trie has split-slots changed slots, where it is faster).
+    /// Never hand a run to reth's serial merkle stage (by default it takes runs on one thread,
+    /// and rebuilds from genesis where no storage trie has split-slots changed slots: there it
+    /// is faster).
     #[arg(long = "overdrive.merkle-stage.no-fallback")]
     pub merkle_no_fallback: bool,
 }

@@ -3,7 +3,10 @@
 
 use super::{Progress, Side, Subtree};
 use alloy_consensus::BlockHeader;
-use alloy_primitives::{B256, BlockNumber, Sealable};
+use alloy_primitives::{
+    Address, B256, BlockNumber, Sealable,
+    map::{B256Map, HashMap, HashSet},
+};
 use overdrive_tasks::largest_first;
 use reth_consensus::ConsensusError;
 use reth_db_api::{tables, transaction::DbTxMut};
@@ -19,17 +22,17 @@ use reth_stages_api::{
     StageId, UnwindInput, UnwindOutput,
 };
 use reth_trie::{
-    StateRoot, StorageRoot, TrieType,
+    BranchNodeCompact, Nibbles, StateRoot, StorageRoot, TrieType,
     metrics::TrieRootMetrics,
     prefix_set::{PrefixSet, TriePrefixSets},
     trie_cursor::InMemoryTrieCursorFactory,
-    updates::{StorageTrieUpdates, TrieUpdates},
+    updates::{StorageTrieUpdatesSorted, TrieUpdatesSorted},
 };
 use reth_trie_db::{
     DatabaseHashedCursorFactory, DatabaseTrieCursorFactory, load_prefix_sets_with_provider,
     with_adapter,
 };
-use std::{fmt::Debug, time::Instant};
+use std::{fmt::Debug, ops::RangeInclusive, time::Instant};
 use tracing::{debug, error, info};
 
 const TARGET: &str = "sync::stages::merkle::exec";
@@ -50,8 +53,9 @@ pub struct MerkleStageConfig {
     /// reth's `stages.merkle.incremental_threshold`, for the runs handed to reth's stage, and
     /// the longest range whose changes are read to decide whether to hand it over.
     pub incremental_threshold: u64,
-    /// Hand a run to reth's serial stage where it is the faster one: on one thread, and over a
-    /// range in which no storage trie has `split_slots` changed slots.
+    /// Hand a run to reth's serial stage where it is the faster one: on one thread, and a
+    /// rebuild from genesis over a range in which no storage trie has `split_slots` changed
+    /// slots.
     pub fallback: bool,
 }
 
@@ -100,6 +104,9 @@ pub struct ParallelMerkleStage<N: ProviderNodeTypes> {
     factory: ProviderFactory<N>,
     config: MerkleStageConfig,
     reth: MerkleStage,
+    /// The range's prefix sets, kept from the storage phase for the next call of the same run
+    /// (the range's changesets do not change in between).
+    changes: Option<(RangeInclusive<BlockNumber>, TriePrefixSets)>,
 }
 
 impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
@@ -111,26 +118,25 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
             factory,
             config,
             reth,
+            changes: None,
         }
     }
 
     /// Whether a run that has no progress of this stage's own goes to reth's stage, and why.
-    /// `changes` receives the range's prefix sets where they were read to decide.
     ///
-    /// Splitting one large trie across the threads is what makes this stage faster; over many
-    /// small tries its extra commits and second read of each storage root cost more than the
-    /// threads save, and on one thread there is nothing to gain at all. A range longer than
-    /// `incremental_threshold` is not read to decide: its changes are what reth's stage would
-    /// not hold in memory at once either.
+    /// Splitting one large trie across the threads is what makes a rebuild faster; a rebuild
+    /// from genesis over many small tries costs more here than in reth's stage (it hashes
+    /// every storage trie before the account trie, with a commit in between), and on one
+    /// thread there is nothing to gain at all. Incremental runs stay here: over small tries
+    /// they are as fast or faster. A range longer than `incremental_threshold` is not read to
+    /// decide.
     fn reths_run<Provider>(
         &self,
         provider: &Provider,
-        range: &std::ops::RangeInclusive<BlockNumber>,
-        changes: &mut Option<TriePrefixSets>,
+        range: &RangeInclusive<BlockNumber>,
     ) -> Result<Option<&'static str>, StageError>
     where
-        Provider: StageCheckpointReader + ChangeSetReader + StorageChangeSetReader + DBProvider,
-        Provider: StorageSettingsCache,
+        Provider: StageCheckpointReader + StorageChangeSetReader,
     {
         if provider
             .get_stage_checkpoint_progress(StageId::MerkleExecute)?
@@ -145,18 +151,15 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
             return Ok(Some("one thread"));
         }
         let blocks = range.end() - range.start() + 1;
-        if blocks > self.config.incremental_threshold {
+        if *range.start() != 1
+            || blocks > self.config.incremental_threshold
+            || has_large_trie(provider, range.clone(), self.config.split_slots)?
+        {
             return Ok(None);
         }
-        let loaded = changes.insert(load_prefix_sets_with_provider(provider, range.clone())?);
-        let largest = loaded
-            .storage_prefix_sets
-            .values()
-            .map(|changed| changed.len() as u64)
-            .max()
-            .unwrap_or(0);
-        Ok((largest < self.config.split_slots)
-            .then_some("no storage trie has split-slots changed slots in the range"))
+        Ok(Some(
+            "a rebuild from genesis with no storage trie of split-slots changed slots",
+        ))
     }
 
     /// Hashes the storage tries of `accounts` (each with its changed slots), returns their
@@ -165,7 +168,7 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
         &self,
         accounts: &[(B256, PrefixSet)],
         rebuild: bool,
-    ) -> Result<(TrieUpdates, u64), StageError> {
+    ) -> Result<(TrieUpdatesSorted, u64), StageError> {
         let mut jobs = Vec::new();
         for (index, (_, changed)) in accounts.iter().enumerate() {
             let weight = changed.len() as u64;
@@ -206,34 +209,40 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
                     }
                 });
                 let (_, walked, updates) = result.map_err(fatal)?;
-                Ok((walked as u64, updates))
+                // Sorted here, on the worker, rather than all at once before the write.
+                Ok((walked as u64, updates.into_sorted()))
             },
         )?;
 
-        let mut merged: Vec<Option<StorageTrieUpdates>> = vec![None; accounts.len()];
+        let mut merged: Vec<Option<StorageTrieUpdatesSorted>> = vec![None; accounts.len()];
         let mut walked = 0;
-        for ((_, (index, _)), (slots, updates)) in jobs.into_iter().zip(parts) {
+        for ((_, (index, _)), (slots, part)) in jobs.into_iter().zip(parts) {
             walked += slots;
             match &mut merged[index] {
-                slot @ None => *slot = Some(updates),
+                slot @ None => *slot = Some(part),
                 Some(whole) => {
-                    // Subtrees touch disjoint paths; a wiped trie (the account's storage is
-                    // empty, which every part sees) stays wiped.
-                    whole.is_deleted |= updates.is_deleted;
-                    whole.storage_nodes.extend(updates.storage_nodes);
-                    whole.removed_nodes.extend(updates.removed_nodes);
+                    // Subtrees touch disjoint paths and come in nibble order, so appending
+                    // keeps the nodes sorted; a wiped trie (the account's storage is empty,
+                    // which every part sees) stays wiped.
+                    whole.is_deleted |= part.is_deleted;
+                    whole.storage_nodes.extend(part.storage_nodes);
                 }
             }
         }
-        let mut out = TrieUpdates::default();
-        for ((address, _), updates) in accounts.iter().zip(merged) {
-            let mut updates = updates.expect("every account has a part");
-            if updates.is_deleted {
-                updates = StorageTrieUpdates::deleted();
+        let mut tries = B256Map::default();
+        for ((address, _), part) in accounts.iter().zip(merged) {
+            let mut part = part.expect("every account has a part");
+            if part.is_deleted {
+                part.storage_nodes.clear();
+            } else if part.storage_nodes.is_empty() {
+                // Nothing to write, as reth's `insert_storage_updates` skips it.
+                continue;
+            } else {
+                sort_if_needed(&mut part.storage_nodes);
             }
-            out.insert_storage_updates(*address, updates);
+            tries.insert(*address, part);
         }
-        Ok((out, walked))
+        Ok((TrieUpdatesSorted::new(Vec::new(), tries), walked))
     }
 
     /// Hashes the account trie as its sixteen subtrees on the workers, each reading the
@@ -243,7 +252,7 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
         &self,
         provider: &Provider,
         changes: TriePrefixSets,
-    ) -> Result<(B256, TrieUpdates), StageError>
+    ) -> Result<(B256, TrieUpdatesSorted), StageError>
     where
         Provider: DBProvider + StorageSettingsCache,
     {
@@ -265,21 +274,34 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
                     .with_prefix_sets(changes.clone())
                     .root_with_updates()
                 })
-                .map(|(_, updates)| updates)
+                .map(|(_, updates)| updates.into_sorted())
                 .map_err(fatal)
             },
         )?;
-        let mut updates = TrieUpdates::default();
-        for part in parts {
-            updates.extend(part);
+        // The subtrees' account nodes are disjoint and in nibble order; their storage tries
+        // are disjoint too but for destroyed accounts, which every part marks wiped.
+        let mut account_nodes = Vec::new();
+        let mut storage_tries = B256Map::<StorageTrieUpdatesSorted>::default();
+        for part in &parts {
+            account_nodes.extend(part.account_nodes_ref().iter().cloned());
+            for (address, trie) in part.storage_tries_ref() {
+                match storage_tries.get_mut(address) {
+                    Some(existing) => existing.extend_ref(trie),
+                    None => {
+                        storage_tries.insert(*address, trie.clone());
+                    }
+                }
+            }
         }
-        let overlay = updates.clone_into_sorted();
+        drop(parts);
+        sort_if_needed(&mut account_nodes);
+        let updates = TrieUpdatesSorted::new(account_nodes, storage_tries);
         let tx = provider.tx_ref();
         let root = with_adapter!(provider, |A| {
             StateRoot::new(
                 InMemoryTrieCursorFactory::new(
                     DatabaseTrieCursorFactory::<_, A>::new(tx),
-                    &overlay,
+                    &updates,
                 ),
                 DatabaseHashedCursorFactory::new(tx),
             )
@@ -287,6 +309,37 @@ impl<N: ProviderNodeTypes> ParallelMerkleStage<N> {
         })
         .map_err(fatal)?;
         Ok((root, updates))
+    }
+}
+
+/// Whether some account changed at least `split_slots` distinct slots over `range`, read from
+/// the storage changesets block by block and stopping at the first such account: far cheaper
+/// than reth's prefix sets, which hash every key.
+fn has_large_trie<Provider: StorageChangeSetReader>(
+    provider: &Provider,
+    range: RangeInclusive<BlockNumber>,
+    split_slots: u64,
+) -> Result<bool, ProviderError> {
+    let mut seen = HashSet::<(Address, B256)>::default();
+    let mut per_account = HashMap::<Address, u64>::default();
+    for block in range {
+        for (key, entry) in provider.storage_changeset(block)? {
+            if seen.insert((key.address(), entry.key)) {
+                let changed = per_account.entry(key.address()).or_default();
+                *changed += 1;
+                if *changed >= split_slots {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Sorts trie nodes by path unless they already are (parts appended in nibble order are).
+fn sort_if_needed(nodes: &mut [(Nibbles, Option<BranchNodeCompact>)]) {
+    if !nodes.is_sorted_by_key(|(path, _)| *path) {
+        nodes.sort_unstable_by_key(|(path, _)| *path);
     }
 }
 
@@ -336,10 +389,9 @@ where
         let started = Instant::now();
         let stale = Progress::load(provider)?;
         let saved = stale.filter(|p| p.target == to_block);
-        let mut changes = None;
         // A rebuild this stage began for another target left cleared tables only it finishes.
         if stale.is_none_or(|p| !p.rebuild)
-            && let Some(reason) = self.reths_run(provider, &range, &mut changes)?
+            && let Some(reason) = self.reths_run(provider, &range)?
         {
             info!(target: TARGET, from_block, to_block, reason, "Running reth's merkle stage");
             Progress::save(provider, None)?;
@@ -382,9 +434,9 @@ where
             }
         };
 
-        let changes = match changes {
-            Some(changes) => changes,
-            None => load_prefix_sets_with_provider(provider, range.clone())?,
+        let changes = match self.changes.take() {
+            Some((loaded, changes)) if loaded == range => changes,
+            _ => load_prefix_sets_with_provider(provider, range.clone())?,
         };
         if !saved.is_some_and(|p| p.storage_done) {
             let mut accounts: Vec<(B256, PrefixSet)> = changes
@@ -407,7 +459,7 @@ where
                 .map_or(accounts.len(), |i| i.max(1));
             let chunk = &accounts[..chunk_len];
             let (updates, walked) = self.storage_tries(chunk, rebuild)?;
-            let written = provider.write_trie_updates(updates)?;
+            let written = provider.write_trie_updates_sorted(&updates)?;
             entities.processed += walked;
             info!(
                 target: TARGET,
@@ -430,6 +482,7 @@ where
                     next_account: next.unwrap_or_default(),
                 };
                 Progress::save(provider, Some(progress))?;
+                self.changes = Some((range, changes));
                 return Ok(ExecOutput {
                     checkpoint: input.checkpoint().with_entities_stage_checkpoint(entities),
                     done: false,
@@ -461,9 +514,10 @@ where
                 .with_prefix_sets(account_changes)
                 .root_with_updates()
             })
+            .map(|(root, updates)| (root, updates.into_sorted()))
             .map_err(fatal)?
         };
-        provider.write_trie_updates(updates)?;
+        provider.write_trie_updates_sorted(&updates)?;
         Progress::save(provider, None)?;
         debug!(target: TARGET, elapsed = ?accounts_started.elapsed(), "Hashed the account trie");
         validate_state_root(root, SealedHeader::seal_slow(target), to_block)?;
@@ -489,6 +543,7 @@ where
         // As reth's execution variant: the tries are unwound by `MerkleStage::Unwind`, which
         // runs after the hashing stages unwind. A chunked run's progress no longer applies.
         Progress::save(provider, None)?;
+        self.changes = None;
         Ok(UnwindOutput {
             checkpoint: StageCheckpoint::new(input.unwind_to),
         })
