@@ -39,16 +39,7 @@ fn start(genesis: &Path, datadir: &Path, log: &Path) -> Node {
             "--http.api",
             "eth,debug",
         ])
-        .args([
-            "--port",
-            &support::free_port().to_string(),
-            "--disable-discovery",
-        ])
-        .args([
-            "--authrpc.port",
-            &support::free_port().to_string(),
-            "--ipcdisable",
-        ])
+        .args(support::off_network())
         .args(["--engine.persistence-threshold", "0"])
         .args(["--engine.memory-block-buffer-target", "0"])
         .args([

@@ -303,16 +303,7 @@ fn the_nodes_pipeline_runs_the_stage() {
             .arg(&genesis)
             .arg("--datadir")
             .arg(&datadir)
-            .args([
-                "--port",
-                &support::free_port().to_string(),
-                "--disable-discovery",
-            ])
-            .args([
-                "--authrpc.port",
-                &support::free_port().to_string(),
-                "--ipcdisable",
-            ])
+            .args(support::off_network())
             // Exit once the launch's backfill is done.
             .arg("--debug.terminate")
             .args(flags(CHUNKS_WITH_FALLBACK))

@@ -244,6 +244,19 @@ pub fn rpc_response(
     serde_json::from_str(&http(port, "/", Some(&body.to_string()))?).ok()
 }
 
+/// `node` flags that keep a test node off the network and on ports no other test holds: a
+/// free P2P and engine port, no discovery, no IPC socket.
+pub fn off_network() -> Vec<String> {
+    vec![
+        "--port".into(),
+        free_port().to_string(),
+        "--disable-discovery".into(),
+        "--authrpc.port".into(),
+        free_port().to_string(),
+        "--ipcdisable".into(),
+    ]
+}
+
 /// `overdrive-reth node --dev` on `genesis` with `flags`, its JSON-RPC on `http` and its
 /// metrics on `metrics`, logging to `dir/node.log`; returns once the RPC answers.
 pub fn dev_node(genesis: &Path, dir: &Path, http: u16, metrics: u16, flags: &[&str]) -> KillOnDrop {
@@ -257,8 +270,7 @@ pub fn dev_node(genesis: &Path, dir: &Path, http: u16, metrics: u16, flags: &[&s
             .args(["--http", "--http.port", &http.to_string()])
             .args(["--http.api", "eth,net,web3,txpool"])
             .args(["--metrics", &format!("127.0.0.1:{metrics}")])
-            .args(["--port", &free_port().to_string(), "--disable-discovery"])
-            .args(["--authrpc.port", &free_port().to_string(), "--ipcdisable"])
+            .args(off_network())
             .args(flags)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
