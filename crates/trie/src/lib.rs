@@ -6,7 +6,9 @@
 //!   storage tries and then the account trie spread over a persistent worker pool (each worker
 //!   unpinned unless [`TrieConfig::pin_workers`] asks for a core each) and split by nibble
 //!   wherever a subtree has many updates. The output is the new root plus the node
-//!   writes and deletes to persist ([`StateTrieUpdates`]).
+//!   writes and deletes to persist ([`StateTrieUpdates`]), or, through
+//!   [`StateTrie::commit_compact`], the rows of a database that keeps branch nodes in
+//!   alloy-trie's compact form (reth's trie tables: [`CompactUpdates`]).
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
 //!   its children's stored references and only the nodes on changed paths are rewritten.
 //!   Changed nodes are hashed in batches, height by height, eight per pass where the CPU has
@@ -17,6 +19,7 @@
 //!
 //! Each computed root is recorded through the `metrics` facade (see [`describe_metrics`]).
 
+mod compact;
 mod engine;
 mod error;
 mod keccak;
@@ -28,6 +31,7 @@ mod state;
 mod state_trie;
 mod store;
 
+pub use compact::{CompactNodes, CompactStorage, CompactUpdates, compact_branch};
 pub use error::TrieError;
 pub use metrics::describe_metrics;
 pub use node::{Node, NodeDecodeError, StoredNode, Value};
@@ -39,7 +43,9 @@ pub use store::{
 };
 
 /// Types from alloy-trie that appear in this crate's API.
-pub use alloy_trie::{EMPTY_ROOT_HASH, Nibbles, TrieAccount, TrieMask, nodes::RlpNode};
+pub use alloy_trie::{
+    BranchNodeCompact, EMPTY_ROOT_HASH, Nibbles, TrieAccount, TrieMask, nodes::RlpNode,
+};
 
 /// How many cases a property test runs: `default` in CI, four hundred times as many under
 /// the soak switch ([`overdrive_primitives::soak`]).

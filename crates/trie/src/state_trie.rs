@@ -557,7 +557,7 @@ impl<S: NodeStore> StateTrie<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{raw::tests::assert_branches_match_hash_builder, reference, store::NodeUpdates};
     use alloy_primitives::{Address, keccak256, map::HashMap};
@@ -571,7 +571,7 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     #[derive(Clone, Debug)]
-    enum Op {
+    pub(crate) enum Op {
         SetAccount {
             addr: u8,
             nonce: u8,
@@ -597,7 +597,7 @@ mod tests {
         },
     }
 
-    fn op(addrs: u8, slots: u8) -> impl Strategy<Value = Op> {
+    pub(crate) fn op(addrs: u8, slots: u8) -> impl Strategy<Value = Op> {
         prop_oneof![
             4 => (0..addrs, any::<u8>(), any::<u16>(), any::<bool>())
                 .prop_map(|(addr, nonce, balance, code)| Op::SetAccount { addr, nonce, balance, code }),
@@ -633,7 +633,7 @@ mod tests {
     /// executor's bundle reports it: final values of touched keys, `wiped` when the account
     /// was destroyed during the block. An existing account whose slots alone changed is left
     /// out of the accounts (a storage-only change: only its storage root moves).
-    fn apply_block(model: &mut MemState, ops: &[Op]) -> HashedStateChanges {
+    pub(crate) fn apply_block(model: &mut MemState, ops: &[Op]) -> HashedStateChanges {
         let mut touched: BTreeMap<Address, (bool, BTreeSet<U256>)> = BTreeMap::new();
         // Accounts whose nonce, balance, code or existence an op changed.
         let mut account_changed: BTreeSet<Address> = BTreeSet::new();
@@ -785,7 +785,7 @@ mod tests {
     }
 
     /// A trie over a fresh store; batched hashing where the machine supports it.
-    fn trie(threads: usize, threshold: usize) -> StateTrie {
+    pub(crate) fn trie(threads: usize, threshold: usize) -> StateTrie {
         trie_hashing(threads, threshold, crate::keccak::batched())
     }
 

@@ -1,0 +1,631 @@
+//! The trie's branch nodes in the compact form a database keeps for them: alloy-trie's
+//! [`BranchNodeCompact`] at each branch path, with its masks exactly as alloy-trie's
+//! `HashBuilder` sets them — the rows of reth's `AccountsTrie` and `StoragesTrie` tables.
+//!
+//! A branch is kept when a database walking the trie later needs it: when one of its children
+//! is a branch (that child's bit is in the hash mask and its hash in the node) or leads, through
+//! an extension or directly, to a kept branch (tree mask). A branch whose children are all
+//! leaves, or extensions to branches that are not kept, is recomputed from the leaves and has
+//! no row. The root has no row either (its hash is the state root).
+//!
+//! [`StateTrie::commit_compact`] commits one block's node changes and says which rows to write
+//! and which to delete: every rewritten branch that is kept, and every path that held a branch
+//! before the block and holds no kept branch after it. A branch's row depends only on the branch
+//! and its children, and a changed child changes the branch's reference, so the branches a
+//! block rewrites are the only rows that can change.
+
+use crate::{
+    StateRootOutput, StateTrie, TrieError,
+    node::Node,
+    store::{NodeStore, NodeUpdates, TrieId},
+};
+use alloy_primitives::map::{B256Map, HashSet};
+use alloy_trie::{BranchNodeCompact, Nibbles, TrieMask};
+
+/// Rows of one trie to write and to delete, each sorted by path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactNodes {
+    /// Branch rows to insert or overwrite.
+    pub updated: Vec<(Nibbles, BranchNodeCompact)>,
+    /// Paths whose rows go (a path may not have had a row: deleting it is a no-op).
+    pub removed: Vec<Nibbles>,
+}
+
+/// Row changes of one storage trie.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactStorage {
+    /// Every row of the trie goes before `nodes` apply (the storage was wiped).
+    pub wiped: bool,
+    /// The rows written and deleted after the wipe.
+    pub nodes: CompactNodes,
+}
+
+/// One block's row changes in every trie.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactUpdates {
+    /// The account trie's.
+    pub account: CompactNodes,
+    /// Storage tries', by hashed address.
+    pub storages: B256Map<CompactStorage>,
+}
+
+/// The row of the branch at `path` of `trie` (whose children are `state_mask`), or `None` when
+/// the branch has none.
+pub fn compact_branch<S: NodeStore + ?Sized>(
+    store: &S,
+    trie: TrieId,
+    path: &Nibbles,
+    state_mask: TrieMask,
+) -> Result<Option<BranchNodeCompact>, TrieError> {
+    let children = store
+        .get_child_nodes(trie, path, state_mask)
+        .map_err(TrieError::store)?;
+    let mut tree_mask = TrieMask::default();
+    let mut hash_mask = TrieMask::default();
+    let mut hashes = Vec::new();
+    for nibble in state_mask.iter() {
+        let mut child = *path;
+        child.push_unchecked(nibble);
+        let (Some(node), Some(reference)) = (children.node(nibble), children.reference(nibble))
+        else {
+            return Err(TrieError::MissingNode { trie, path: child });
+        };
+        match node {
+            Node::Branch { state_mask, .. } => {
+                hash_mask.set_bit(nibble);
+                hashes.push(reference.as_hash().ok_or(TrieError::MalformedNode {
+                    trie,
+                    path: child,
+                    reason: "a branch whose encoding is shorter than a hash",
+                })?);
+                if is_kept(store, trie, &child, *state_mask)? {
+                    tree_mask.set_bit(nibble);
+                }
+            }
+            Node::Extension { key, .. } => {
+                let below = child.join(key);
+                if is_kept(store, trie, &below, branch_mask(store, trie, &below)?)? {
+                    tree_mask.set_bit(nibble);
+                }
+            }
+            Node::Leaf { .. } => {}
+        }
+    }
+    if tree_mask.is_empty() && hash_mask.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(BranchNodeCompact::new(
+        state_mask, tree_mask, hash_mask, hashes, None,
+    )))
+}
+
+/// Whether the branch at `path` has a row: a child is a branch, or an extension to a branch
+/// that has one.
+fn is_kept<S: NodeStore + ?Sized>(
+    store: &S,
+    trie: TrieId,
+    path: &Nibbles,
+    state_mask: TrieMask,
+) -> Result<bool, TrieError> {
+    let children = store
+        .get_child_nodes(trie, path, state_mask)
+        .map_err(TrieError::store)?;
+    let mut extensions = Vec::new();
+    for nibble in state_mask.iter() {
+        match children.node(nibble) {
+            Some(Node::Branch { .. }) => return Ok(true),
+            Some(Node::Extension { key, .. }) => {
+                let mut child = *path;
+                child.push_unchecked(nibble);
+                extensions.push(child.join(key));
+            }
+            Some(Node::Leaf { .. }) => {}
+            None => {
+                let mut child = *path;
+                child.push_unchecked(nibble);
+                return Err(TrieError::MissingNode { trie, path: child });
+            }
+        }
+    }
+    drop(children);
+    for below in extensions {
+        if is_kept(store, trie, &below, branch_mask(store, trie, &below)?)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The children of the branch an extension leads to.
+fn branch_mask<S: NodeStore + ?Sized>(
+    store: &S,
+    trie: TrieId,
+    path: &Nibbles,
+) -> Result<TrieMask, TrieError> {
+    match store
+        .get(trie, path)
+        .map_err(TrieError::store)?
+        .as_deref()
+        .map(|stored| &stored.node)
+    {
+        Some(Node::Branch { state_mask, .. }) => Ok(*state_mask),
+        Some(_) => Err(TrieError::MalformedNode {
+            trie,
+            path: *path,
+            reason: "an extension over a non-branch",
+        }),
+        None => Err(TrieError::MissingNode { trie, path: *path }),
+    }
+}
+
+/// The paths of `nodes` (written or deleted) that hold a branch now, before the batch applies.
+fn branches_before<S: NodeStore + ?Sized>(
+    store: &S,
+    trie: TrieId,
+    nodes: &NodeUpdates,
+) -> Result<HashSet<Nibbles>, TrieError> {
+    let mut branches = HashSet::default();
+    for path in nodes
+        .writes()
+        .map(|(path, _)| path)
+        .chain(nodes.deletes())
+        .filter(|path| !path.is_empty())
+    {
+        let node = store.get(trie, path).map_err(TrieError::store)?;
+        if let Some(Node::Branch { .. }) = node.as_deref().map(|stored| &stored.node) {
+            branches.insert(*path);
+        }
+    }
+    Ok(branches)
+}
+
+/// The rows `nodes` leaves, after it applied: the kept branches it wrote, and the paths of
+/// `before` (branches before the batch) that hold no kept branch now.
+fn rows_after<S: NodeStore + ?Sized>(
+    store: &S,
+    trie: TrieId,
+    nodes: &NodeUpdates,
+    before: &HashSet<Nibbles>,
+) -> Result<CompactNodes, TrieError> {
+    let mut rows = CompactNodes::default();
+    for (path, stored) in nodes.writes() {
+        if path.is_empty() {
+            continue;
+        }
+        let row = match &stored.node {
+            Node::Branch { state_mask, .. } => compact_branch(store, trie, path, *state_mask)?,
+            Node::Extension { .. } | Node::Leaf { .. } => None,
+        };
+        match row {
+            Some(row) => rows.updated.push((*path, row)),
+            None if before.contains(path) => rows.removed.push(*path),
+            None => {}
+        }
+    }
+    rows.removed
+        .extend(nodes.deletes().iter().filter(|path| before.contains(*path)));
+    rows.updated.sort_unstable_by_key(|(path, _)| *path);
+    rows.removed.sort_unstable();
+    Ok(rows)
+}
+
+impl<S: NodeStore> StateTrie<S> {
+    /// [`StateTrie::commit`], returning the rows the batch writes and deletes in the compact
+    /// form (see the [module](self) docs). On an error nothing is committed, or, when reading
+    /// the rows after the commit fails, the commit stands and the error says why.
+    pub fn commit_compact(
+        &mut self,
+        output: &StateRootOutput,
+    ) -> Result<CompactUpdates, TrieError> {
+        let updates = &output.updates;
+        let accounts_before =
+            branches_before(self.store(), TrieId::Account, &updates.account_nodes)?;
+        let mut storages_before = B256Map::default();
+        for (owner, storage) in &updates.storage_tries {
+            // A wiped trie loses every row: none is left to delete one by one.
+            let before = if storage.wiped {
+                HashSet::default()
+            } else {
+                branches_before(self.store(), TrieId::Storage(*owner), &storage.nodes)?
+            };
+            storages_before.insert(*owner, before);
+        }
+        self.commit(output)?;
+        let store = self.store();
+        let mut compact = CompactUpdates {
+            account: rows_after(
+                store,
+                TrieId::Account,
+                &updates.account_nodes,
+                &accounts_before,
+            )?,
+            storages: B256Map::default(),
+        };
+        for (owner, storage) in &updates.storage_tries {
+            let nodes = rows_after(
+                store,
+                TrieId::Storage(*owner),
+                &storage.nodes,
+                &storages_before[owner],
+            )?;
+            compact.storages.insert(
+                *owner,
+                CompactStorage {
+                    wiped: storage.wiped,
+                    nodes,
+                },
+            );
+        }
+        Ok(compact)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        HashedAccount, HashedStateChanges, HashedStorageChanges, reference,
+        state_trie::tests::{apply_block, op, trie},
+    };
+    use alloy_primitives::{B256, U256, keccak256};
+    use alloy_trie::{EMPTY_ROOT_HASH, KECCAK_EMPTY, TrieAccount};
+    use overdrive_primitives::MemState;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// The rows of every trie, as a database holds them.
+    type Table = BTreeMap<(TrieId, Nibbles), BranchNodeCompact>;
+
+    /// The state as a model: accounts by hashed address, each with its slots.
+    type Model = BTreeMap<B256, (HashedAccount, BTreeMap<B256, U256>)>;
+
+    /// Writes one block's rows as a database does: a wiped trie's rows go, then the deletes,
+    /// then the writes.
+    fn write_rows(table: &mut Table, rows: &CompactUpdates) {
+        write_nodes(table, TrieId::Account, &rows.account);
+        for (owner, storage) in &rows.storages {
+            let trie = TrieId::Storage(*owner);
+            if storage.wiped {
+                table.retain(|(t, _), _| *t != trie);
+            }
+            write_nodes(table, trie, &storage.nodes);
+        }
+    }
+
+    fn write_nodes(table: &mut Table, trie: TrieId, nodes: &CompactNodes) {
+        assert!(nodes.updated.is_sorted_by_key(|(path, _)| *path));
+        assert!(nodes.removed.is_sorted());
+        for path in &nodes.removed {
+            table.remove(&(trie, *path));
+        }
+        for (path, row) in &nodes.updated {
+            table.insert((trie, *path), row.clone());
+        }
+    }
+
+    /// The rows a HashBuilder build of `leaves` keeps (branches with a tree or hash mask, the
+    /// root's aside), added to `table` under `trie`.
+    fn hash_builder_rows(table: &mut Table, trie: TrieId, leaves: &BTreeMap<Nibbles, Vec<u8>>) {
+        let (_, nodes) = reference::branch_nodes(leaves.iter().map(|(k, v)| (*k, v.as_slice())));
+        for (path, node) in nodes {
+            let kept = !node.tree_mask.is_empty() || !node.hash_mask.is_empty();
+            if kept && !path.is_empty() {
+                table.insert((trie, path), node);
+            }
+        }
+    }
+
+    /// What a HashBuilder build of the whole model keeps, in every trie.
+    fn expected_rows(model: &Model) -> Table {
+        let mut table = Table::new();
+        let mut accounts = BTreeMap::new();
+        for (address, (account, slots)) in model {
+            let slots: BTreeMap<Nibbles, Vec<u8>> = slots
+                .iter()
+                .map(|(slot, value)| (Nibbles::unpack(slot), alloy_rlp::encode(value)))
+                .collect();
+            hash_builder_rows(&mut table, TrieId::Storage(*address), &slots);
+            let storage_root = if slots.is_empty() {
+                EMPTY_ROOT_HASH
+            } else {
+                reference::root_of_sorted(slots.iter().map(|(k, v)| (*k, v.as_slice())))
+            };
+            let leaf = TrieAccount {
+                nonce: account.nonce,
+                balance: account.balance,
+                storage_root,
+                code_hash: account.code_hash,
+            };
+            accounts.insert(Nibbles::unpack(address), alloy_rlp::encode(leaf));
+        }
+        hash_builder_rows(&mut table, TrieId::Account, &accounts);
+        table
+    }
+
+    /// `diff` applied to the model as the trie applies it.
+    fn apply_to_model(model: &mut Model, diff: &HashedStateChanges) {
+        for (address, account) in &diff.accounts {
+            match account {
+                None => {
+                    model.remove(address);
+                }
+                Some(account) => model.entry(*address).or_default().0 = *account,
+            }
+        }
+        for (address, storage) in &diff.storages {
+            let slots = &mut model.get_mut(address).expect("storage of a live account").1;
+            if storage.wiped {
+                slots.clear();
+            }
+            for (slot, value) in &storage.slots {
+                if value.is_zero() {
+                    slots.remove(slot);
+                } else {
+                    slots.insert(*slot, *value);
+                }
+            }
+        }
+    }
+
+    /// Hashed keys that share prefixes of up to 13 nibbles within three families, so that the
+    /// tries grow extensions and branches at many depths (keccak keys alone give a shallow,
+    /// full top).
+    fn key() -> impl Strategy<Value = B256> {
+        (0..3u8, 0..14usize, any::<[u8; 32]>()).prop_map(|(family, shared, tail)| {
+            let prefix = keccak256([family]);
+            let mut key = B256::from(tail);
+            for i in 0..shared {
+                let nibble = (prefix[i / 2] >> (4 * (1 - i % 2))) & 0xf;
+                let byte = &mut key.0[i / 2];
+                *byte = if i % 2 == 0 {
+                    (*byte & 0x0f) | (nibble << 4)
+                } else {
+                    (*byte & 0xf0) | nibble
+                };
+            }
+            key
+        })
+    }
+
+    #[derive(Clone, Debug)]
+    enum Change {
+        /// The account's nonce set (created if new).
+        Account(usize, u64),
+        /// The account deleted, with its storage.
+        Delete(usize),
+        /// A slot set (zero deletes it); the account is created if new.
+        Slot(usize, B256, u16),
+        /// The account's storage wiped (self-destruct and re-create).
+        Wipe(usize),
+    }
+
+    fn change(accounts: usize, slots: Vec<B256>) -> impl Strategy<Value = Change> {
+        prop_oneof![
+            2 => (0..accounts, any::<u64>()).prop_map(|(a, nonce)| Change::Account(a, nonce)),
+            1 => (0..accounts).prop_map(Change::Delete),
+            12 => (0..accounts, prop::sample::select(slots), prop_oneof![1 => Just(0u16), 4 => 1..u16::MAX])
+                .prop_map(|(a, slot, value)| Change::Slot(a, slot, value)),
+            1 => (0..accounts).prop_map(Change::Wipe),
+        ]
+    }
+
+    /// One block of changes over `model` as the diff an executor reports (final values of
+    /// the touched keys, `wiped` when the storage was dropped during the block).
+    fn block_diff(model: &mut Model, addresses: &[B256], changes: &[Change]) -> HashedStateChanges {
+        let mut touched: BTreeMap<B256, (bool, BTreeSet<B256>)> = BTreeMap::new();
+        let mut accounts_changed = BTreeSet::new();
+        let create = |model: &mut Model, address: B256, accounts_changed: &mut BTreeSet<B256>| {
+            model.entry(address).or_insert_with(|| {
+                accounts_changed.insert(address);
+                let account = HashedAccount {
+                    nonce: 1,
+                    balance: U256::ZERO,
+                    code_hash: KECCAK_EMPTY,
+                };
+                (account, BTreeMap::new())
+            });
+        };
+        for change in changes {
+            match *change {
+                Change::Account(a, nonce) => {
+                    let address = addresses[a];
+                    create(model, address, &mut accounts_changed);
+                    model.get_mut(&address).unwrap().0.nonce = nonce;
+                    accounts_changed.insert(address);
+                    touched.entry(address).or_default();
+                }
+                Change::Delete(a) => {
+                    let address = addresses[a];
+                    if model.remove(&address).is_some() {
+                        accounts_changed.insert(address);
+                        touched.entry(address).or_default().0 = true;
+                    }
+                }
+                Change::Slot(a, slot, value) => {
+                    let address = addresses[a];
+                    create(model, address, &mut accounts_changed);
+                    let slots = &mut model.get_mut(&address).unwrap().1;
+                    if value == 0 {
+                        slots.remove(&slot);
+                    } else {
+                        slots.insert(slot, U256::from(value));
+                    }
+                    touched.entry(address).or_default().1.insert(slot);
+                }
+                Change::Wipe(a) => {
+                    let address = addresses[a];
+                    if let Some((_, slots)) = model.get_mut(&address) {
+                        slots.clear();
+                        touched.entry(address).or_default().0 = true;
+                    }
+                }
+            }
+        }
+        let mut diff = HashedStateChanges::default();
+        for (address, (wiped, slots)) in touched {
+            let Some((account, stored)) = model.get(&address) else {
+                diff.accounts.insert(address, None);
+                continue;
+            };
+            if accounts_changed.contains(&address) {
+                diff.accounts.insert(address, Some(*account));
+            }
+            if wiped || !slots.is_empty() {
+                let slots = slots
+                    .into_iter()
+                    .map(|slot| (slot, stored.get(&slot).copied().unwrap_or_default()))
+                    .collect();
+                diff.storages
+                    .insert(address, HashedStorageChanges { wiped, slots });
+            }
+        }
+        diff
+    }
+
+    fn blocks_and_keys() -> impl Strategy<Value = (Vec<B256>, Vec<Vec<Change>>)> {
+        (
+            prop::collection::vec(key(), 6),
+            prop::collection::vec(key(), 1..400),
+        )
+            .prop_flat_map(|(addresses, slots)| {
+                let blocks = prop::collection::vec(
+                    prop::collection::vec(change(addresses.len(), slots), 1..120),
+                    1..8,
+                );
+                (Just(addresses), blocks)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(32), ..ProptestConfig::default() })]
+
+        /// Blocks of inserts, updates, deletes, wipes and re-created accounts over keys with
+        /// long shared prefixes: after every block, the rows written and deleted so far equal
+        /// the rows a HashBuilder build of the whole state keeps, on one thread and on several.
+        #[test]
+        fn rows_equal_a_fresh_build_after_every_block(
+            (addresses, blocks) in blocks_and_keys(),
+            threads in 1..4usize,
+        ) {
+            let mut model = Model::new();
+            let mut trie = trie(threads, 2);
+            let mut table = Table::new();
+            for changes in &blocks {
+                let diff = block_diff(&mut model, &addresses, changes);
+                let output = trie.compute(&diff).unwrap();
+                let rows = trie.commit_compact(&output).unwrap();
+                write_rows(&mut table, &rows);
+                prop_assert_eq!(&table, &expected_rows(&model));
+            }
+        }
+
+        /// The same over the trie tests' random blocks of accounts and slots by keccak keys.
+        #[test]
+        fn rows_equal_a_fresh_build_over_keccak_keys(
+            blocks in prop::collection::vec(prop::collection::vec(op(24, 40), 1..30), 1..6),
+        ) {
+            let mut state = MemState::default();
+            let mut model = Model::new();
+            let mut trie = trie(2, 2);
+            let mut table = Table::new();
+            for ops in &blocks {
+                let diff = apply_block(&mut state, ops);
+                apply_to_model(&mut model, &diff);
+                let output = trie.compute(&diff).unwrap();
+                write_rows(&mut table, &trie.commit_compact(&output).unwrap());
+                prop_assert_eq!(&table, &expected_rows(&model));
+            }
+        }
+    }
+
+    /// A row's masks for each shape of child: a branch child that is kept (hash and tree bit),
+    /// a branch child over leaves only (hash bit), an extension to a kept branch (tree bit),
+    /// an extension to a branch over leaves (neither), and a leaf (neither).
+    #[test]
+    fn masks_follow_the_children() {
+        let key = |hex: &str| {
+            let mut bytes = [0u8; 32];
+            let nibbles: Vec<u8> = hex
+                .bytes()
+                .map(|c| (c as char).to_digit(16).unwrap() as u8)
+                .collect();
+            for (i, nibble) in nibbles.iter().enumerate() {
+                bytes[i / 2] |= nibble << (4 * (1 - i % 2));
+            }
+            B256::from(bytes)
+        };
+        // Under 1: a branch whose child 0 is a branch (kept: it has a branch child).
+        // Under 2: a branch over two leaves. Under 3: an extension 33 to a branch with a
+        // branch child. Under 4: an extension 44 to a branch over leaves. Under 5: a leaf.
+        let slots = [
+            "1000", "1001", "1010", "1100", "20", "21", "33300", "33301", "33310", "44400",
+            "44410", "5",
+        ];
+        let mut diff = HashedStateChanges::default();
+        let owner = B256::repeat_byte(7);
+        diff.accounts.insert(
+            owner,
+            Some(HashedAccount {
+                nonce: 1,
+                balance: U256::ZERO,
+                code_hash: KECCAK_EMPTY,
+            }),
+        );
+        diff.storages.insert(
+            owner,
+            HashedStorageChanges {
+                wiped: false,
+                slots: slots.iter().map(|s| (key(s), U256::from(1))).collect(),
+            },
+        );
+        let mut trie = trie(1, 64);
+        let output = trie.compute(&diff).unwrap();
+        let rows = trie.commit_compact(&output).unwrap();
+        let rows: BTreeMap<Nibbles, BranchNodeCompact> = rows.storages[&owner]
+            .nodes
+            .updated
+            .iter()
+            .cloned()
+            .collect();
+        let mut model = Model::new();
+        apply_to_model(&mut model, &diff);
+        let expected: BTreeMap<Nibbles, BranchNodeCompact> = expected_rows(&model)
+            .into_iter()
+            .filter(|((trie, _), _)| *trie == TrieId::Storage(owner))
+            .map(|((_, path), row)| (path, row))
+            .collect();
+        assert_eq!(rows, expected);
+        // The root is not a row; its children decide what sits under each nibble.
+        let path = |hex: &str| {
+            Nibbles::from_nibbles(
+                hex.bytes()
+                    .map(|c| (c as char).to_digit(16).unwrap() as u8)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert!(rows.contains_key(&path("1")), "{rows:?}");
+        assert_eq!(rows[&path("1")].hash_mask, TrieMask::new(0b01));
+        assert_eq!(rows[&path("1")].tree_mask, TrieMask::new(0b01));
+        assert!(!rows.contains_key(&path("2")));
+        assert!(rows.contains_key(&path("333")));
+        assert!(!rows.contains_key(&path("444")));
+        let row = trie
+            .store()
+            .get(TrieId::Storage(owner), &Nibbles::new())
+            .unwrap()
+            .map(|stored| stored.into_owned().node);
+        let Some(Node::Branch { state_mask, .. }) = row else {
+            panic!("the root is a branch")
+        };
+        let root = compact_branch(
+            trie.store(),
+            TrieId::Storage(owner),
+            &Nibbles::new(),
+            state_mask,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(root.hash_mask, TrieMask::new(0b00110));
+        assert_eq!(root.tree_mask, TrieMask::new(0b01010));
+    }
+}
