@@ -13,7 +13,8 @@
 //! - [`merkle::ParallelMerkleStage`]: reth's `MerkleExecute` pipeline stage with the changed
 //!   storage tries hashed in parallel and committed in resumable chunks
 //!   (`--overdrive.merkle-stage`), set into `import`'s pipeline and, through
-//!   [`launch::MerkleStageLauncher`] (reth's node launcher with its own pipeline), `node`'s.
+//!   [`launch::MerkleStageLauncher`] (reth's node launcher with its own pipeline), `node`'s,
+//!   and run over a range by [`stage_run::MerkleRunCommand`] (`stage run merkle`).
 //! - [`OverdriveArgs`]: the `--overdrive.*` flags; with every component off the node is stock
 //!   reth.
 //!
@@ -32,6 +33,7 @@ mod node;
 mod parallel;
 pub mod pool;
 pub mod rpc;
+pub mod stage_run;
 mod state;
 
 pub use args::{ExecMode, OverdriveArgs, split_args};

@@ -8,6 +8,7 @@ use overdrive_reth_components::{
     launch::MerkleStageLauncher,
     rpc::{self, BatchSubmit, OverdriveApiServer},
     split_args,
+    stage_run::MerkleRunCommand,
 };
 use reth_ethereum::cli::{
     chainspec::EthereumChainSpecParser,
@@ -27,12 +28,16 @@ enum OverdriveCommands {
     /// reth's `import`, with the database handed to overdrive's executor.
     #[command(name = "overdrive-import", hide = true)]
     Import(Box<ImportCommand>),
+    /// reth's `stage run merkle`, with overdrive's merkle stage.
+    #[command(name = "overdrive-stage-run", hide = true)]
+    StageRun(Box<MerkleRunCommand>),
 }
 
 impl ExtendedCommand for OverdriveCommands {
     fn execute(self, runner: reth_cli_runner::CliRunner) -> eyre::Result<()> {
         match self {
             Self::Import(command) => command.run(runner),
+            Self::StageRun(command) => command.run(runner),
         }
     }
 }
@@ -59,6 +64,31 @@ fn main() {
     unsafe { libc::_exit(code) }
 }
 
+/// Points the command line at overdrive's own command where reth's cannot take a component:
+/// `import` needs the database opened before its EVM configuration is built, and its own
+/// pipeline for the merkle stage; `stage run merkle` builds its stage inside reth's command.
+fn rename_command(argv: &mut Vec<OsString>, args: &OverdriveArgs) {
+    let Some(at) = argv
+        .iter()
+        .skip(1)
+        .position(|a| !a.to_string_lossy().starts_with('-'))
+        .map(|i| i + 1)
+    else {
+        return;
+    };
+    if args.import_on() && argv[at] == "import" {
+        argv[at] = OsString::from("overdrive-import");
+    } else if args.merkle_stage
+        && argv[at] == "stage"
+        && argv.get(at + 1).is_some_and(|a| a == "run")
+        && argv[at + 2..].iter().any(|a| a == "merkle")
+    {
+        // `stage run` becomes one word; the stage's name stays where it was.
+        argv[at] = OsString::from("overdrive-stage-run");
+        argv.remove(at + 1);
+    }
+}
+
 fn run() -> eyre::Result<()> {
     reth_cli_util::sigsegv_handler::install();
     if std::env::var_os("RUST_BACKTRACE").is_none() {
@@ -70,25 +100,17 @@ fn run() -> eyre::Result<()> {
         Ok(split) => split,
         Err(e) => e.exit(),
     };
-    // `import` needs the database opened before its EVM configuration is built, and its own
-    // pipeline for the merkle stage.
-    if args.import_on()
-        && let Some(command) = argv
-            .iter_mut()
-            .skip(1)
-            .find(|a| !a.to_string_lossy().starts_with('-'))
-        && command == "import"
-    {
-        *command = OsString::from("overdrive-import");
-    }
+    rename_command(&mut argv, &args);
     let mut cli = Cli::<
         EthereumChainSpecParser,
         OverdriveArgs,
         DefaultRpcModuleValidator,
         OverdriveCommands,
     >::parse_from(argv);
-    if let Commands::Ext(OverdriveCommands::Import(command)) = &mut cli.command {
-        command.overdrive = args.clone();
+    match &mut cli.command {
+        Commands::Ext(OverdriveCommands::Import(command)) => command.overdrive = args.clone(),
+        Commands::Ext(OverdriveCommands::StageRun(command)) => command.overdrive = args.clone(),
+        _ => {}
     }
     if args.exec_on() {
         for filter in [
@@ -115,7 +137,7 @@ fn run() -> eyre::Result<()> {
             if offline.merkle_stage {
                 tracing::warn!(
                     target: "overdrive",
-                    "this command runs reth's merkle stage: --overdrive.merkle-stage applies to `node` and `import` only"
+                    "this command runs reth's merkle stage: --overdrive.merkle-stage applies to `node`, `import` and `stage run merkle` only"
                 );
             }
             OverdriveNode::cli_components(spec)

@@ -2,7 +2,8 @@
 //! against reth's, on the same chains. The trie tables must come out row for row as reth's
 //! stage writes them, whether every storage trie is hashed whole or cut into subtrees, in one
 //! commit or one per trie, on one thread or handed to reth's stage, in a node's pipeline, and
-//! after the import is killed inside the stage again and again.
+//! after the import is killed inside the stage again and again, and over a state with a
+//! million-slot storage trie in `stage run merkle`.
 
 mod support;
 
@@ -24,7 +25,9 @@ use std::{
     process::Stdio,
     time::Duration,
 };
-use support::imports::{chain, contents, import, import_command, import_files, tail, write_blocks};
+use support::imports::{
+    chain, contents, import, import_command, import_files, tail, trie_rows, write_blocks,
+};
 
 /// The ways the tests run the stage: by name, its threads, its other flags, and how many of
 /// the two runs (from genesis, then incremental) it finishes itself and hands to reth's stage.
@@ -330,6 +333,73 @@ fn the_nodes_pipeline_runs_the_stage() {
         tables == expected,
         "the node's tables differ from reth's import"
     );
+}
+
+/// `stage run merkle --overdrive.merkle-stage` from genesis over an imported erc20 chain whose
+/// token holds a million storage slots (one per account): the stage clears the trie tables
+/// and rebuilds them, the token's trie cut into subtrees on two threads, to the rows reth's
+/// stage wrote in the import (every changed trie split, no fallback). Without `--commit` the
+/// command refuses to run on two threads.
+#[test]
+fn stage_run_rebuilds_a_million_slot_trie() {
+    let workload = overdrive_workload::generate(&WorkloadConfig {
+        accounts: 1_000_000,
+        txs_per_block: 2_000,
+        blocks: 2,
+        ..WorkloadConfig::new(WorkloadKind::Erc20)
+    })
+    .unwrap();
+    let chain = overdrive_chain::build(&workload, overdrive_chain::Fork::Prague).unwrap();
+    drop(workload);
+    let dir = support::temp_dir("merkle-stage-run");
+    let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
+    let file = write_blocks(dir.path(), "chain.rlp", &chain.blocks);
+    let datadir = dir.path().join("reth");
+    let output = import(&genesis, &file, &datadir, &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        tail(&String::from_utf8_lossy(&output.stdout))
+    );
+    let (accounts, storages) = trie_rows(&genesis, &datadir);
+
+    let stage_run = |extra: &[&str]| {
+        let mut command = support::overdrive_reth();
+        command
+            .args(["stage", "run", "merkle", "--color", "never", "--chain"])
+            .arg(&genesis)
+            .arg("--datadir")
+            .arg(&datadir)
+            .args(["--from", "0", "--to", "2", "--skip-unwind"])
+            .args(flags(VARIANTS[1]))
+            .args(extra);
+        command.output().expect("the binary runs")
+    };
+    let refused = stage_run(&[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("needs --commit"),
+        "{stderr}"
+    );
+
+    let output = stage_run(&["--commit"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", tail(&stdout));
+    assert!(
+        stdout.contains("Cleared the trie tables to rebuild them")
+            && stdout.matches(OURS).count() == 1
+            && !stdout.contains(RETHS),
+        "overdrive's stage did not rebuild the tries:\n{}",
+        tail(&stdout)
+    );
+    let (rebuilt_accounts, rebuilt_storages) = trie_rows(&genesis, &datadir);
+    assert!(storages.len() > 60_000, "{} storage nodes", storages.len());
+    assert_eq!(
+        (rebuilt_accounts.len(), rebuilt_storages.len()),
+        (accounts.len(), storages.len())
+    );
+    assert!(rebuilt_accounts == accounts, "the account trie differs");
+    assert!(rebuilt_storages == storages, "the storage tries differ");
 }
 
 /// Every 16-bit mask, as a branch's state mask (with tree and hash masks inside it), stored in

@@ -110,6 +110,27 @@ pub fn contents(genesis: &Path, datadir: &Path) -> (u64, B256, String) {
     (head, hash, out)
 }
 
+/// The rows of the trie tables alone (reth v2.5.1's packed layout), for a state too large to
+/// compare whole.
+pub fn trie_rows(genesis: &Path, datadir: &Path) -> (Vec<String>, Vec<String>) {
+    let factory = open(reth_spec(genesis), datadir);
+    let provider = factory.provider().unwrap();
+    macro_rules! rows {
+        ($table:ty) => {{
+            let mut cursor = provider.tx_ref().cursor_read::<$table>().unwrap();
+            cursor
+                .walk(None)
+                .unwrap()
+                .map(|row| format!("{:?}", row.unwrap()))
+                .collect::<Vec<_>>()
+        }};
+    }
+    (
+        rows!(tables::PackedAccountsTrie),
+        rows!(tables::PackedStoragesTrie),
+    )
+}
+
 /// The last lines of a command's output.
 pub fn tail(output: &str) -> String {
     let lines: Vec<&str> = output.lines().collect();
