@@ -1,7 +1,7 @@
 //! The `--overdrive.*` flags: which components run, and how. Every component is off by default,
 //! and with all of them off the node is stock reth.
 
-use crate::merkle::MerkleStageConfig;
+use crate::{merkle::MerkleStageConfig, state_root::StateRootConfig};
 use clap::{Args, Parser, ValueEnum};
 use overdrive_intake::BatchLimits;
 use std::ffi::OsString;
@@ -14,6 +14,16 @@ pub enum ExecMode {
     Sequential,
     /// overdrive's parallel executor (payload building stays reth's).
     Parallel,
+}
+
+/// Which state root the engine checks each new block against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum StateRootMode {
+    /// reth's own (its sparse-trie task, or its synchronous root on small machines).
+    #[default]
+    Reth,
+    /// overdrive's parallel trie, kept in memory (payload building stays reth's).
+    Overdrive,
 }
 
 /// overdrive's switches, shown under "Overdrive" in `overdrive-reth node --help`.
@@ -69,6 +79,19 @@ pub struct OverdriveArgs {
     /// is faster).
     #[arg(long = "overdrive.merkle-stage.no-fallback")]
     pub merkle_no_fallback: bool,
+
+    /// The state root of the blocks the engine validates (`node`).
+    #[arg(
+        long = "overdrive.state-root",
+        value_enum,
+        default_value_t,
+        value_name = "ROOT"
+    )]
+    pub state_root: StateRootMode,
+
+    /// Threads of overdrive's trie [default: the machine's cores].
+    #[arg(long = "overdrive.trie.threads", value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub trie_threads: Option<u16>,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -91,6 +114,8 @@ impl Default for OverdriveArgs {
             merkle_chunk_slots: MerkleStageConfig::default().chunk_slots,
             merkle_split_slots: MerkleStageConfig::default().split_slots,
             merkle_no_fallback: false,
+            state_root: StateRootMode::default(),
+            trie_threads: None,
         }
     }
 }
@@ -105,7 +130,10 @@ const SWITCHES: &[&str] = &[
 impl OverdriveArgs {
     /// Whether any component is on (otherwise the node is stock reth).
     pub fn any_on(&self) -> bool {
-        self.exec == ExecMode::Parallel || self.pool || self.merkle_stage
+        self.exec == ExecMode::Parallel
+            || self.pool
+            || self.merkle_stage
+            || self.state_root == StateRootMode::Overdrive
     }
 
     /// Whether `import` must run overdrive's command (a component there is on).
@@ -150,7 +178,25 @@ impl OverdriveArgs {
         } else {
             "merkle stage: reth".to_string()
         };
-        format!("{exec}; {pool}; {merkle}")
+        let root = match self.state_root {
+            StateRootMode::Reth => "state root: reth".to_string(),
+            StateRootMode::Overdrive => format!(
+                "state root: overdrive parallel ({} threads)",
+                threads(self.trie_threads)
+            ),
+        };
+        format!("{exec}; {pool}; {merkle}; {root}")
+    }
+
+    /// The settings of overdrive's state root, when it is on.
+    pub fn state_root_config(&self) -> Option<StateRootConfig> {
+        (self.state_root == StateRootMode::Overdrive).then(|| {
+            let defaults = StateRootConfig::default();
+            StateRootConfig {
+                threads: self.trie_threads.map_or(defaults.threads, usize::from),
+                ..defaults
+            }
+        })
     }
 
     /// The merkle stage's settings from the flags.
@@ -262,7 +308,7 @@ mod tests {
         assert!(!args.any_on());
         assert_eq!(
             args.summary(),
-            "executor: reth (sequential); pool: reth; merkle stage: reth"
+            "executor: reth (sequential); pool: reth; merkle stage: reth; state root: reth"
         );
     }
 
@@ -278,7 +324,7 @@ mod tests {
         assert_eq!(args.pool_limits().max_txs, 500);
         assert_eq!(
             args.summary(),
-            "executor: reth (sequential); pool: overdrive batched (3 threads, batches of at most 500); merkle stage: reth"
+            "executor: reth (sequential); pool: overdrive batched (3 threads, batches of at most 500); merkle stage: reth; state root: reth"
         );
         assert!(split("overdrive-reth node --overdrive.pool.max-batch 0").is_err());
     }
@@ -295,10 +341,9 @@ mod tests {
         assert_eq!((config.threads, config.chunk_slots), (2, 10));
         assert_eq!(config.split_slots, MerkleStageConfig::default().split_slots);
         assert!(config.fallback);
-        assert!(
-            args.summary()
-                .ends_with("merkle stage: overdrive parallel (2 threads, reth's where faster)")
-        );
+        assert!(args.summary().ends_with(
+            "merkle stage: overdrive parallel (2 threads, reth's where faster); state root: reth"
+        ));
         let (rest, args) = split(
             "overdrive-reth import --overdrive.merkle-stage.no-fallback chain.rlp --overdrive.merkle-stage",
         )
@@ -306,6 +351,25 @@ mod tests {
         assert_eq!(rest, ["overdrive-reth", "import", "chain.rlp"]);
         assert!(args.merkle_stage && !args.merkle_config().fallback);
         assert!(split("overdrive-reth import --overdrive.merkle-stage.chunk-slots 0").is_err());
+    }
+
+    #[test]
+    fn the_state_root_takes_a_value() {
+        let (rest, args) = split(
+            "overdrive-reth node --overdrive.state-root overdrive --dev --overdrive.trie.threads=3",
+        )
+        .unwrap();
+        assert_eq!(rest, ["overdrive-reth", "node", "--dev"]);
+        assert!(args.any_on() && !args.import_on());
+        assert_eq!(args.state_root_config().map(|c| c.threads), Some(3));
+        assert!(
+            args.summary()
+                .ends_with("state root: overdrive parallel (3 threads)")
+        );
+        let (_, args) = split("overdrive-reth node --overdrive.state-root reth").unwrap();
+        assert_eq!(args.state_root_config(), None);
+        assert!(split("overdrive-reth node --overdrive.state-root fast").is_err());
+        assert!(split("overdrive-reth node --overdrive.trie.threads 0").is_err());
     }
 
     #[test]

@@ -15,10 +15,14 @@
 //!   (`--overdrive.merkle-stage`), set into `import`'s pipeline and, through
 //!   [`launch::MerkleStageLauncher`] (reth's node launcher with its own pipeline), `node`'s,
 //!   and run over a range by [`stage_run::MerkleRunCommand`] (`stage run merkle`).
+//! - [`state_root::OverdriveStateRoot`]: reth's `StateRootStrategy` with the root of each
+//!   block the engine validates computed by overdrive's parallel trie, kept in memory
+//!   (`--overdrive.state-root overdrive`), installed by
+//!   [`state_root::OverdriveEngineValidatorBuilder`].
 //! - [`OverdriveArgs`]: the `--overdrive.*` flags; with every component off the node is stock
 //!   reth.
 //!
-//! The logic lives in the core crates (`overdrive-executor`, `overdrive-intake`); this crate adapts reth's types and
+//! The logic lives in the core crates (`overdrive-executor`, `overdrive-intake`, `overdrive-trie`); this crate adapts reth's types and
 //! registers the components.
 
 pub mod args;
@@ -35,6 +39,7 @@ pub mod pool;
 pub mod rpc;
 pub mod stage_run;
 mod state;
+pub mod state_root;
 
 pub use args::{ExecMode, OverdriveArgs, split_args};
 pub use evm::OverdriveEvmConfig;

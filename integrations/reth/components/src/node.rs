@@ -5,6 +5,7 @@ use crate::{
     BlockLog, OverdriveArgs, OverdriveEvmConfig, ParallelBlocks, ProviderOpener,
     args::ExecMode,
     pool::{IntakeShared, OverdrivePoolBuilder},
+    state_root::OverdriveEngineValidatorBuilder,
 };
 use overdrive_intake::{Intake, IntakeConfig};
 use reth_chainspec::ChainSpec;
@@ -15,6 +16,7 @@ use reth_node_builder::{
     BuilderContext, DebugNode, FullNodeComponents, Node, NodeAdapter,
     components::{BasicPayloadServiceBuilder, ComponentsBuilder, ExecutorBuilder},
     node::{FullNodeTypes, NodeTypes},
+    rpc::{BasicEngineApiBuilder, Identity, RpcAddOns},
 };
 use reth_node_ethereum::{
     EthEngineTypes, EthereumEthApiBuilder, EthereumNode,
@@ -104,8 +106,13 @@ where
         EthereumConsensusBuilder,
     >;
 
-    type AddOns =
-        EthereumAddOns<NodeAdapter<N>, EthereumEthApiBuilder, EthereumEngineValidatorBuilder>;
+    type AddOns = EthereumAddOns<
+        NodeAdapter<N>,
+        EthereumEthApiBuilder,
+        EthereumEngineValidatorBuilder,
+        BasicEngineApiBuilder<EthereumEngineValidatorBuilder>,
+        OverdriveEngineValidatorBuilder,
+    >;
 
     fn components_builder(&self) -> Self::ComponentsBuilder {
         EthereumNode::components()
@@ -117,7 +124,14 @@ where
     }
 
     fn add_ons(&self) -> Self::AddOns {
-        EthereumAddOns::default()
+        EthereumAddOns::new(RpcAddOns::new(
+            EthereumEthApiBuilder::default(),
+            EthereumEngineValidatorBuilder::default(),
+            BasicEngineApiBuilder::default(),
+            OverdriveEngineValidatorBuilder::new(self.args.state_root_config()),
+            Default::default(),
+            Identity::new(),
+        ))
     }
 }
 

@@ -145,6 +145,7 @@ impl DevNode {
             .args(["--authrpc.port", &auth.to_string(), "--ipcdisable"])
             .args(["--rpc.max-connections", "10000"])
             .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+            .args(["--color", "never"])
             .args(config.flags)
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -1,14 +1,17 @@
 //! `overdrive bench replay`: an exported chain replayed into a fresh node through the Engine
 //! API (`engine_newPayloadV4` then `engine_forkchoiceUpdatedV3`, block by block), as a
-//! consensus client would feed it, with reth's executor and with overdrive's. It measures the
-//! engine's validation path alone: no transaction pool, no RPC intake, no payload building.
+//! consensus client would feed it, into stock reth and into overdrive-reth with one component
+//! on: the parallel executor, or overdrive's state root. It measures the engine's validation
+//! path alone: no transaction pool, no RPC intake, no payload building. With the state root,
+//! it also compares each block's root time, from the engine's own log line for every root
+//! ("State root job finished", with the strategy that computed it).
 
 use super::{node, rpc::Rpc};
 use alloy_consensus::{Block, TxEnvelope};
 use alloy_primitives::B256;
 use alloy_rpc_types_engine::ExecutionPayloadV3;
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use eyre::{WrapErr, bail, eyre};
 use hmac::{Hmac, Mac};
 use overdrive_bench::round;
@@ -26,7 +29,10 @@ pub struct ReplayArgs {
     /// The overdrive-reth binary (default: $OVERDRIVE_RETH_BIN).
     #[arg(long, value_name = "PATH")]
     reth_bin: Option<PathBuf>,
-    /// Threads of overdrive's executor.
+    /// The component overdrive-reth runs.
+    #[arg(long, value_enum, default_value_t)]
+    component: Component,
+    /// Threads of the component.
     #[arg(long, default_value_t = 2, value_parser = crate::commands::positive)]
     threads: usize,
     /// Where the nodes' datadirs and logs go.
@@ -37,10 +43,30 @@ pub struct ReplayArgs {
     json: bool,
 }
 
+/// Which of overdrive's components the replay measures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+enum Component {
+    /// The parallel executor (`--overdrive.exec parallel`).
+    #[default]
+    Exec,
+    /// The state root (`--overdrive.state-root overdrive`).
+    StateRoot,
+}
+
 /// One node's replay.
 struct Replayed {
     blocks: usize,
     gas: u64,
+    seconds: f64,
+    /// Each block's root as the engine logged it, in order.
+    roots: Vec<RootTime>,
+}
+
+/// One "State root job finished" line of the engine.
+#[derive(Debug, Clone, PartialEq)]
+struct RootTime {
+    strategy: String,
+    root: String,
     seconds: f64,
 }
 
@@ -50,8 +76,23 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     let reth = super::reth_binary(args.reth_bin.clone())?;
     std::fs::create_dir_all(&args.out)?;
     let threads = args.threads.to_string();
+    let runs = match args.component {
+        Component::Exec => super::stock_and_overdrive(&threads, false),
+        Component::StateRoot => [
+            ("stock", Vec::new()),
+            (
+                "overdrive",
+                vec![
+                    "--overdrive.state-root",
+                    "overdrive",
+                    "--overdrive.trie.threads",
+                    &threads,
+                ],
+            ),
+        ],
+    };
     let mut results = Vec::new();
-    for (label, flags) in super::stock_and_overdrive(&threads, false) {
+    for (label, flags) in runs {
         let datadir = args.out.join(format!("{label}-data"));
         let _ = std::fs::remove_dir_all(&datadir);
         std::fs::create_dir_all(&datadir)?;
@@ -71,7 +112,12 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
         let engine = Rpc::new(&node.engine_url())?.with_bearer(move || jwt(&secret));
         let replayed = replay(&engine, &blocks);
         node.stop();
-        let replayed = replayed.wrap_err_with(|| format!("replaying into the {label} node"))?;
+        let log = args.out.join(format!("{label}.log"));
+        let mut replayed = replayed.wrap_err_with(|| format!("replaying into the {label} node"))?;
+        replayed.roots = root_times(
+            &std::fs::read_to_string(&log)
+                .wrap_err_with(|| format!("reading {}", log.display()))?,
+        );
         println!(
             "{label}: {} blocks, {:.1} Mgas in {:.2} s: {:.1} Mgas/s",
             replayed.blocks,
@@ -86,15 +132,103 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     let (stock, overdrive) = (gas_per_s(&results[0]), gas_per_s(&results[1]));
     let speedup = round(overdrive / stock, 2);
     println!("replay: {speedup}x overdrive over stock");
+    let roots = match args.component {
+        Component::Exec => Value::Null,
+        Component::StateRoot => compare_roots(&results[0].roots, &results[1].roots)?,
+    };
     if args.json {
         println!(
             "{}",
-            json!({"bench": "replay", "blocks": results[0].blocks,
+            json!({"bench": "replay", "component": format!("{:?}", args.component),
+                "blocks": results[0].blocks,
                 "stock_mgas_per_s": round(stock / 1e6, 2),
-                "overdrive_mgas_per_s": round(overdrive / 1e6, 2), "speedup": speedup})
+                "overdrive_mgas_per_s": round(overdrive / 1e6, 2), "speedup": speedup,
+                "state_root": roots})
         );
     }
     Ok(())
+}
+
+/// Every "State root job finished" line of a node's log: the strategy, the root and the time.
+fn root_times(log: &str) -> Vec<RootTime> {
+    log.lines()
+        .filter(|line| line.contains("State root job finished"))
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix(name))
+                    .map(|value| value.trim_matches('"').to_string())
+            };
+            Some(RootTime {
+                strategy: field("strategy=")?,
+                root: field("state_root=")?,
+                seconds: duration_seconds(&field("elapsed=")?)?,
+            })
+        })
+        .collect()
+}
+
+/// A `Duration`'s `Debug` form (`850ns`, `12.5µs`, `3.2ms`, `1.05s`) in seconds.
+fn duration_seconds(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "ns" => 1e-9,
+        "µs" | "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => return None,
+    };
+    Some(number.parse::<f64>().ok()? * scale)
+}
+
+/// Prints the two nodes' root times over the same blocks (paired by root) and returns them as
+/// JSON. Fails when the nodes computed different roots or either logged none.
+fn compare_roots(stock: &[RootTime], overdrive: &[RootTime]) -> eyre::Result<Value> {
+    if stock.is_empty() || overdrive.is_empty() {
+        bail!(
+            "the engine logged {} roots in the stock node and {} in overdrive's: no \"State root job finished\" lines to compare",
+            stock.len(),
+            overdrive.len()
+        );
+    }
+    let roots = |times: &[RootTime]| times.iter().map(|t| t.root.clone()).collect::<Vec<_>>();
+    if roots(stock) != roots(overdrive) {
+        bail!("the two nodes logged different roots for the same blocks");
+    }
+    let strategies = |times: &[RootTime]| {
+        let mut names: Vec<&str> = times.iter().map(|t| t.strategy.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.join("+")
+    };
+    let total = |times: &[RootTime]| times.iter().map(|t| t.seconds).sum::<f64>();
+    let mut ratios: Vec<f64> = stock
+        .iter()
+        .zip(overdrive)
+        .map(|(s, o)| s.seconds / o.seconds.max(1e-9))
+        .collect();
+    ratios.sort_unstable_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    let (stock_total, overdrive_total) = (total(stock), total(overdrive));
+    println!(
+        "state root: {} blocks; stock ({}) {:.1} ms, overdrive ({}) {:.1} ms in all: {:.2}x; per block median {:.2}x (range {:.2}-{:.2})",
+        stock.len(),
+        strategies(stock),
+        stock_total * 1e3,
+        strategies(overdrive),
+        overdrive_total * 1e3,
+        stock_total / overdrive_total,
+        median,
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
+    Ok(
+        json!({"blocks": stock.len(), "stock_strategy": strategies(stock),
+        "overdrive_strategy": strategies(overdrive),
+        "stock_ms": round(stock_total * 1e3, 2), "overdrive_ms": round(overdrive_total * 1e3, 2),
+        "speedup": round(stock_total / overdrive_total, 2), "median_block_speedup": round(median, 2)}),
+    )
 }
 
 pub(super) fn read_chain(path: &Path) -> eyre::Result<Vec<Block<TxEnvelope>>> {
@@ -153,6 +287,7 @@ fn replay(engine: &Rpc, blocks: &[Block<TxEnvelope>]) -> eyre::Result<Replayed> 
         blocks: blocks.len(),
         gas,
         seconds: started.elapsed().as_secs_f64(),
+        roots: Vec::new(),
     })
 }
 
@@ -177,6 +312,38 @@ fn jwt_at(secret: &[u8; 32], now: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_lines_are_read_from_the_log() {
+        let log = "2026-11-28T01:00:00.000000Z  INFO engine::tree::payload_validator: State root job finished strategy=\"overdrive\" state_root=0xab elapsed=1.5ms\n\
+                   2026-11-28T01:00:01.000000Z  INFO reth::cli: something else elapsed=3s\n\
+                   2026-11-28T01:00:02.000000Z  INFO engine::tree::payload_validator: State root job finished strategy=synchronous state_root=0xcd elapsed=250µs\n";
+        let times = root_times(log);
+        assert_eq!(times.len(), 2);
+        assert_eq!(
+            (times[0].strategy.as_str(), times[0].root.as_str()),
+            ("overdrive", "0xab")
+        );
+        assert!((times[0].seconds - 0.0015).abs() < 1e-12);
+        assert!((times[1].seconds - 0.000_25).abs() < 1e-12);
+        assert_eq!(duration_seconds("2s"), Some(2.0));
+        assert!((duration_seconds("12ns").unwrap() - 12e-9).abs() < 1e-18);
+        assert_eq!(duration_seconds("ms"), None);
+        assert_eq!(duration_seconds("5m"), None);
+    }
+
+    #[test]
+    fn nodes_with_different_roots_do_not_compare() {
+        let time = |root: &str, seconds| RootTime {
+            strategy: "x".into(),
+            root: root.into(),
+            seconds,
+        };
+        assert!(compare_roots(&[time("0x1", 1.0)], &[time("0x2", 0.5)]).is_err());
+        assert!(compare_roots(&[], &[time("0x2", 0.5)]).is_err());
+        let same = compare_roots(&[time("0x1", 1.0)], &[time("0x1", 0.5)]).unwrap();
+        assert_eq!(same["speedup"], 2.0);
+    }
 
     #[test]
     fn tokens_are_hs256_jwts() {

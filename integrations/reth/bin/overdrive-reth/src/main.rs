@@ -9,6 +9,7 @@ use overdrive_reth_components::{
     rpc::{self, BatchSubmit, OverdriveApiServer},
     split_args,
     stage_run::MerkleRunCommand,
+    state_root,
 };
 use reth_ethereum::cli::{
     chainspec::EthereumChainSpecParser,
@@ -140,12 +141,19 @@ fn run() -> eyre::Result<()> {
                     "this command runs reth's merkle stage: --overdrive.merkle-stage applies to `node`, `import` and `stage run merkle` only"
                 );
             }
+            if offline.state_root_config().is_some() {
+                tracing::warn!(
+                    target: "overdrive",
+                    "this command has no engine: --overdrive.state-root applies to `node` only"
+                );
+            }
             OverdriveNode::cli_components(spec)
         },
         async move |builder, _| {
             tracing::info!(target: "overdrive", "overdrive components: {}", args.summary());
             exex::describe_metrics();
             rpc::describe_metrics();
+            state_root::describe_metrics();
             let node = OverdriveNode::new(args.clone());
             let log = node.block_log().clone();
             let intake = node.intake().cloned();

@@ -263,7 +263,7 @@ pub fn dev_node(genesis: &Path, dir: &Path, http: u16, metrics: u16, flags: &[&s
     let log = std::fs::File::create(dir.join("node.log")).unwrap();
     let node = KillOnDrop(
         overdrive_reth()
-            .args(["node", "--dev", "--chain"])
+            .args(["node", "--dev", "--color", "never", "--chain"])
             .arg(genesis)
             .arg("--datadir")
             .arg(dir.join("data"))

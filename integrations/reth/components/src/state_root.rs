@@ -1,0 +1,467 @@
+//! `--overdrive.state-root overdrive`: the state root of each block the engine validates,
+//! computed by overdrive's parallel trie (`overdrive-trie`) as reth's `StateRootStrategy`.
+//!
+//! The trie is kept in memory. At launch it is built from reth's hashed state tables and its
+//! root checked against the database head's header; after that it follows the blocks the
+//! engine validates, the tries of the last [`StateRootConfig::blocks_kept`] of them kept by
+//! block hash (a copy of a trie shares the nodes it did not change). A block whose parent's
+//! trie is kept gets its root from a copy of that trie, and reth gets the trie rows to persist
+//! from [`StateTrie::commit_compact`] as its `TrieUpdates`; any other block (a fork from further
+//! back, or the first blocks after a launch whose trie could not be built) goes to reth's own
+//! strategy. A root that differs from the block header's is checked with reth's synchronous
+//! root before the block is judged: if reth's matches the header, reth's is used and overdrive's
+//! trie is dropped for the rest of the run, with an error in the log.
+
+use alloy_consensus::BlockHeader;
+use alloy_primitives::{B256, KECCAK256_EMPTY as KECCAK_EMPTY};
+use alloy_rpc_types_engine::ExecutionData;
+use overdrive_trie::{
+    CompactNodes, CompactUpdates, HashedAccount, HashedStateChanges, HashedStorageChanges,
+    StateTrie, TrieConfig,
+};
+use reth_db_api::{cursor::DbCursorRO, tables, transaction::DbTx};
+use reth_engine_tree::tree::{
+    BasicEngineValidator, StateProviderBuilder, TreeConfig,
+    state_root_strategy::{
+        DefaultStateRootStrategy, LazyHashedPostState, PayloadStateRootHandle,
+        PayloadStateRootJobContext, PreparedStateRootJob, StateRootJob, StateRootJobContext,
+        StateRootJobOutcome, StateRootStrategy,
+    },
+};
+use reth_ethereum_primitives::EthPrimitives;
+use reth_evm::ConfigureEvm;
+use reth_node_builder::{
+    AddOnsContext, ConfigureEngineEvm, FullNodeComponents,
+    rpc::{BasicEngineValidatorBuilder, EngineValidatorBuilder, PayloadValidatorBuilder},
+};
+use reth_node_ethereum::node::EthereumEngineValidatorBuilder;
+use reth_primitives_traits::{NodePrimitives, RecoveredBlock};
+use reth_provider::{
+    BlockExecutionOutput, BlockNumReader, DBProvider, DatabaseProviderFactory, HeaderProvider,
+    ProviderError, ProviderResult, PruneCheckpointReader, StageCheckpointReader, StateRootProvider,
+    StorageSettingsCache, TryIntoHistoricalStateProvider,
+};
+use reth_storage_overlay::OverlayManager;
+use reth_trie::{
+    HashedPostState,
+    updates::{StorageTrieUpdates, TrieUpdates},
+};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, PoisonError},
+    time::Instant,
+};
+use tracing::{debug, error, info};
+
+use crate::OverdriveNode;
+
+const TARGET: &str = "overdrive::state_root";
+
+/// Settings of overdrive's state root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateRootConfig {
+    /// Threads hashing the trie.
+    pub threads: usize,
+    /// How many of the last validated blocks keep their trie, for children and forks of them.
+    pub blocks_kept: usize,
+}
+
+impl Default for StateRootConfig {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            blocks_kept: 16,
+        }
+    }
+}
+
+/// The tries of the last validated blocks, newest last.
+#[derive(Debug)]
+struct Kept {
+    tries: VecDeque<(B256, StateTrie)>,
+    limit: usize,
+}
+
+impl Kept {
+    fn get(&self, block: B256) -> Option<&StateTrie> {
+        self.tries
+            .iter()
+            .rev()
+            .find(|(hash, _)| *hash == block)
+            .map(|(_, trie)| trie)
+    }
+
+    fn push(&mut self, block: B256, trie: StateTrie) {
+        self.tries.retain(|(hash, _)| *hash != block);
+        if self.tries.len() >= self.limit {
+            self.tries.pop_front();
+        }
+        self.tries.push_back((block, trie));
+    }
+}
+
+/// The strategy: overdrive's trie for blocks whose parent's trie is kept, reth's otherwise.
+#[derive(Debug)]
+pub struct OverdriveStateRoot {
+    default: DefaultStateRootStrategy,
+    kept: Arc<Mutex<Kept>>,
+}
+
+impl OverdriveStateRoot {
+    /// Builds the trie of the database's head from reth's hashed state tables and checks its
+    /// root against the head's header.
+    pub fn load<F>(factory: &F, config: StateRootConfig) -> eyre::Result<Self>
+    where
+        F: DatabaseProviderFactory<Provider: DBProvider + BlockNumReader + HeaderProvider>,
+    {
+        let started = Instant::now();
+        let provider = factory.database_provider_ro()?;
+        let head = provider.best_block_number()?;
+        let header = provider
+            .sealed_header(head)?
+            .ok_or(ProviderError::HeaderNotFound(head.into()))?;
+        info!(target: TARGET, head, "Building overdrive's trie from the hashed state");
+        let state = read_hashed_state(provider.tx_ref())?;
+        let (accounts, storages) = (state.accounts.len(), state.storages.len());
+        let mut trie = StateTrie::new(
+            overdrive_trie::MemNodeStore::new(),
+            TrieConfig::with_threads(config.threads),
+        )?;
+        let output = trie.apply(&state)?;
+        drop(state);
+        if output.root != header.state_root() {
+            eyre::bail!(
+                "overdrive's trie of block {head} has root {}, the header says {}: the database's hashed state and its head disagree",
+                output.root,
+                header.state_root()
+            );
+        }
+        info!(
+            target: TARGET,
+            head,
+            accounts,
+            storage_tries = storages,
+            nodes = trie.store().len(),
+            memory_mb = trie.store().heap_bytes() >> 20,
+            elapsed = ?started.elapsed(),
+            "Built overdrive's trie"
+        );
+        let mut kept = Kept {
+            tries: VecDeque::new(),
+            limit: config.blocks_kept.max(1),
+        };
+        kept.push(header.hash(), trie);
+        Ok(Self {
+            default: DefaultStateRootStrategy::default(),
+            kept: Arc::new(Mutex::new(kept)),
+        })
+    }
+}
+
+/// Every account and slot of the hashed state tables, as one diff over an empty trie.
+fn read_hashed_state<TX: DbTx>(tx: &TX) -> Result<HashedStateChanges, ProviderError> {
+    let mut state = HashedStateChanges::default();
+    let mut accounts = tx.cursor_read::<tables::HashedAccounts>()?;
+    for row in accounts.walk(None)? {
+        let (address, account) = row?;
+        state.accounts.insert(
+            address,
+            Some(HashedAccount {
+                nonce: account.nonce,
+                balance: account.balance,
+                code_hash: account.bytecode_hash.unwrap_or(KECCAK_EMPTY),
+            }),
+        );
+    }
+    let mut slots = tx.cursor_dup_read::<tables::HashedStorages>()?;
+    for row in slots.walk(None)? {
+        let (address, entry) = row?;
+        state
+            .storages
+            .entry(address)
+            .or_default()
+            .slots
+            .insert(entry.key, entry.value);
+    }
+    Ok(state)
+}
+
+/// reth's hashed post state as the trie's diff. A destroyed account's storage goes with it.
+fn changes(state: &HashedPostState) -> HashedStateChanges {
+    let mut changes = HashedStateChanges::default();
+    for (address, account) in &state.accounts {
+        changes.accounts.insert(
+            *address,
+            account.map(|account| HashedAccount {
+                nonce: account.nonce,
+                balance: account.balance,
+                code_hash: account.bytecode_hash.unwrap_or(KECCAK_EMPTY),
+            }),
+        );
+    }
+    for (address, storage) in &state.storages {
+        if matches!(state.accounts.get(address), Some(None)) {
+            continue;
+        }
+        changes.storages.insert(
+            *address,
+            HashedStorageChanges {
+                wiped: storage.wiped,
+                slots: storage.storage.clone(),
+            },
+        );
+    }
+    changes
+}
+
+/// The trie's rows as reth's trie updates.
+fn trie_updates(rows: CompactUpdates) -> TrieUpdates {
+    let nodes = |nodes: CompactNodes| {
+        (
+            nodes.updated.into_iter().collect(),
+            nodes.removed.into_iter().collect(),
+        )
+    };
+    let (account_nodes, removed_nodes) = nodes(rows.account);
+    TrieUpdates {
+        account_nodes,
+        removed_nodes,
+        storage_tries: rows
+            .storages
+            .into_iter()
+            .map(|(address, storage)| {
+                let (storage_nodes, removed_nodes) = nodes(storage.nodes);
+                let updates = StorageTrieUpdates {
+                    is_deleted: storage.wiped,
+                    storage_nodes,
+                    removed_nodes,
+                };
+                (address, updates)
+            })
+            .collect(),
+    }
+}
+
+impl<N, P, Evm> StateRootStrategy<N, P, Evm> for OverdriveStateRoot
+where
+    N: NodePrimitives,
+    Evm: ConfigureEvm<Primitives = N>,
+    P: DatabaseProviderFactory + Clone + Send + Sync + 'static,
+    P::Provider: BlockNumReader
+        + PruneCheckpointReader
+        + StageCheckpointReader
+        + StorageSettingsCache
+        + TryIntoHistoricalStateProvider
+        + 'static,
+    DefaultStateRootStrategy: StateRootStrategy<N, P, Evm>,
+{
+    fn prepare(
+        &self,
+        ctx: StateRootJobContext<'_, N, P, Evm>,
+    ) -> ProviderResult<PreparedStateRootJob<N>> {
+        let parent = ctx.env().parent_hash;
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(parent)
+            .is_some();
+        if !kept {
+            debug!(target: TARGET, %parent, "No trie kept for the parent: reth's state root");
+            metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth").increment(1);
+            return self.default.prepare(ctx);
+        }
+        let job = OverdriveRootJob {
+            parent,
+            kept: self.kept.clone(),
+            provider_builder: ctx.provider_builder(),
+        };
+        Ok(PreparedStateRootJob::new(Box::new(job), None))
+    }
+
+    fn prepare_payload_builder(
+        &self,
+        ctx: PayloadStateRootJobContext<'_, N, P>,
+    ) -> ProviderResult<Option<PayloadStateRootHandle>> {
+        self.default.prepare_payload_builder(ctx)
+    }
+}
+
+/// One block's root from a copy of its parent's trie.
+struct OverdriveRootJob<N: NodePrimitives, P> {
+    parent: B256,
+    kept: Arc<Mutex<Kept>>,
+    provider_builder: StateProviderBuilder<N, P>,
+}
+
+impl<N, P> OverdriveRootJob<N, P>
+where
+    N: NodePrimitives,
+    P: DatabaseProviderFactory + Clone + 'static,
+    P::Provider: BlockNumReader
+        + PruneCheckpointReader
+        + StageCheckpointReader
+        + StorageSettingsCache
+        + TryIntoHistoricalStateProvider
+        + 'static,
+{
+    /// Drops every kept trie, so that reth's strategy takes every block from now on: overdrive's
+    /// trie failed on `block`, and no root of it is trusted again in this run.
+    fn give_up(&self, block: B256, why: &str) {
+        error!(
+            target: TARGET,
+            %block,
+            why,
+            "overdrive's state root failed: reth's root is used, and overdrive's trie is dropped for the rest of the run"
+        );
+        metrics::counter!("overdrive_state_root_failures_total").increment(1);
+        self.kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tries
+            .clear();
+    }
+
+    /// reth's synchronous root over the parent's state (what reth's strategy computes on a
+    /// machine too small for its sparse-trie task).
+    fn reths(&self, state: &HashedPostState) -> ProviderResult<StateRootJobOutcome> {
+        let provider = self.provider_builder.clone().build()?;
+        let (root, updates) = provider.state_root_with_updates(state.clone())?;
+        Ok(StateRootJobOutcome::new(root, Arc::new(updates)))
+    }
+}
+
+impl<N, P> StateRootJob<N> for OverdriveRootJob<N, P>
+where
+    N: NodePrimitives,
+    P: DatabaseProviderFactory + Clone + Send + 'static,
+    P::Provider: BlockNumReader
+        + PruneCheckpointReader
+        + StageCheckpointReader
+        + StorageSettingsCache
+        + TryIntoHistoricalStateProvider
+        + 'static,
+{
+    fn name(&self) -> &'static str {
+        "overdrive"
+    }
+
+    fn finish(
+        &mut self,
+        block: &RecoveredBlock<N::Block>,
+        _output: Arc<BlockExecutionOutput<N::Receipt>>,
+        hashed_state: &LazyHashedPostState,
+    ) -> ProviderResult<StateRootJobOutcome> {
+        let state = hashed_state.get();
+        let parent = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(self.parent)
+            .cloned();
+        let Some(mut trie) = parent else {
+            // Dropped since `prepare` (overdrive's trie failed on another block).
+            metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth").increment(1);
+            return self.reths(state);
+        };
+        let expected = block.header().state_root();
+        let ours = trie.compute(&changes(state)).and_then(|output| {
+            if output.root != expected {
+                return Ok(Err(output.root));
+            }
+            let rows = trie.commit_compact(&output)?;
+            Ok(Ok((output.root, rows)))
+        });
+        let (root, rows) = match ours {
+            Ok(Ok(done)) => done,
+            Ok(Err(root)) => {
+                let reths = self.reths(state)?;
+                metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth")
+                    .increment(1);
+                // A root that reth's count gets wrong too is an invalid block, and the kept
+                // tries stay as they are; otherwise overdrive's trie is wrong.
+                if reths.state_root == expected {
+                    self.give_up(
+                        block.hash(),
+                        &format!("its root {root} differs from reth's"),
+                    );
+                }
+                return Ok(reths);
+            }
+            Err(error) => {
+                metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth")
+                    .increment(1);
+                self.give_up(block.hash(), &error.to_string());
+                return self.reths(state);
+            }
+        };
+        self.kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(block.hash(), trie);
+        metrics::counter!("overdrive_state_root_blocks_total", "root" => "overdrive").increment(1);
+        Ok(StateRootJobOutcome::new(root, Arc::new(trie_updates(rows))))
+    }
+}
+
+/// Describes the strategy's metrics (for the Prometheus endpoint's help text).
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "overdrive_state_root_blocks_total",
+        "Blocks whose state root the engine took from overdrive's trie or from reth's strategy, by `root`"
+    );
+    metrics::describe_counter!(
+        "overdrive_state_root_failures_total",
+        "Blocks on which overdrive's trie failed (a root unlike reth's, or an error): the trie is then dropped"
+    );
+}
+
+/// reth's engine validator builder, with overdrive's state root installed when it is on.
+#[derive(Debug, Clone, Default)]
+pub struct OverdriveEngineValidatorBuilder {
+    inner: BasicEngineValidatorBuilder<EthereumEngineValidatorBuilder>,
+    state_root: Option<StateRootConfig>,
+}
+
+impl OverdriveEngineValidatorBuilder {
+    /// reth's builder, with overdrive's state root when `state_root` is set.
+    pub fn new(state_root: Option<StateRootConfig>) -> Self {
+        Self {
+            inner: BasicEngineValidatorBuilder::default(),
+            state_root,
+        }
+    }
+}
+
+impl<N> EngineValidatorBuilder<N> for OverdriveEngineValidatorBuilder
+where
+    N: FullNodeComponents<Types = OverdriveNode, Evm: ConfigureEngineEvm<ExecutionData>>,
+{
+    type EngineValidator = BasicEngineValidator<
+        N::Provider,
+        N::Evm,
+        <EthereumEngineValidatorBuilder as PayloadValidatorBuilder<N>>::Validator,
+    >;
+
+    async fn build_tree_validator(
+        self,
+        ctx: &AddOnsContext<'_, N>,
+        tree_config: TreeConfig,
+        overlay_manager: OverlayManager<EthPrimitives>,
+    ) -> eyre::Result<Self::EngineValidator> {
+        let validator = self
+            .inner
+            .build_tree_validator(ctx, tree_config, overlay_manager)
+            .await?;
+        let Some(config) = self.state_root else {
+            return Ok(validator);
+        };
+        let provider = ctx.node.provider().clone();
+        let strategy =
+            tokio::task::spawn_blocking(move || OverdriveStateRoot::load(&provider, config))
+                .await??;
+        let strategy: Arc<dyn StateRootStrategy<EthPrimitives, N::Provider, N::Evm>> =
+            Arc::new(strategy);
+        Ok(validator.with_state_root_strategy(strategy))
+    }
+}
