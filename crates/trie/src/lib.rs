@@ -8,7 +8,8 @@
 //!   wherever a subtree has many updates. The output is the new root plus the node
 //!   writes and deletes to persist ([`StateTrieUpdates`]), or, through
 //!   [`StateTrie::commit_compact`], the rows of a database that keeps branch nodes in
-//!   alloy-trie's compact form (reth's trie tables: [`CompactUpdates`]).
+//!   alloy-trie's compact form (reth's trie tables: [`CompactUpdates`]); [`StateTrie::undo_of`]
+//!   gives the batch that takes a committed block back.
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
 //!   its children's stored references and only the nodes on changed paths are rewritten.
 //!   Changed nodes are hashed in batches, height by height, eight per pass where the CPU has
@@ -30,6 +31,7 @@ pub mod reference;
 mod state;
 mod state_trie;
 mod store;
+mod undo;
 
 pub use compact::{CompactNodes, CompactStorage, CompactUpdates, compact_branch};
 pub use error::TrieError;

@@ -1,0 +1,155 @@
+//! Taking a committed block back: [`StateTrie::undo_of`] reads, before a batch is committed,
+//! the nodes it overwrites and deletes, as a batch that restores them. A node that keeps one
+//! trie in memory and follows a chain steps back with it when a block it committed is dropped
+//! (invalid for another reason, or reorganised away), instead of copying the trie per block.
+
+use crate::{
+    StateRootOutput, StateTrie, TrieError,
+    node::Node,
+    store::{NodeStore, NodeUpdates, StateTrieUpdates, StorageNodeUpdates, TrieId},
+};
+use alloy_trie::Nibbles;
+
+/// The batch that puts `nodes`' paths of `trie` back as they are now.
+fn undo_nodes<S: NodeStore + ?Sized>(
+    store: &S,
+    trie: TrieId,
+    nodes: &NodeUpdates,
+) -> Result<NodeUpdates, TrieError> {
+    let mut undo = NodeUpdates::default();
+    for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
+        match store.get(trie, path).map_err(TrieError::store)? {
+            Some(old) => undo.push_write(*path, old.into_owned()),
+            None => undo.push_delete(*path),
+        }
+    }
+    Ok(undo)
+}
+
+/// Every node of `trie` as writes, walked from its root.
+fn all_nodes<S: NodeStore + ?Sized>(store: &S, trie: TrieId) -> Result<NodeUpdates, TrieError> {
+    let mut nodes = NodeUpdates::default();
+    let mut pending = vec![Nibbles::new()];
+    while let Some(path) = pending.pop() {
+        let Some(stored) = store.get(trie, &path).map_err(TrieError::store)? else {
+            if path.is_empty() {
+                break;
+            }
+            return Err(TrieError::MissingNode { trie, path });
+        };
+        let stored = stored.into_owned();
+        match &stored.node {
+            Node::Branch { state_mask, .. } => {
+                for nibble in state_mask.iter() {
+                    let mut child = path;
+                    child.push_unchecked(nibble);
+                    pending.push(child);
+                }
+            }
+            Node::Extension { key, .. } => pending.push(path.join(key)),
+            Node::Leaf { .. } => {}
+        }
+        nodes.push_write(path, stored);
+    }
+    Ok(nodes)
+}
+
+impl<S: NodeStore> StateTrie<S> {
+    /// The output that, committed after `output`, takes the store and the root back to what
+    /// they are now: the old nodes of every path `output` writes or deletes, and the whole old
+    /// trie of every storage trie it wipes. Read before `output` is committed.
+    pub fn undo_of(&self, output: &StateRootOutput) -> Result<StateRootOutput, TrieError> {
+        let store = self.store();
+        let updates = &output.updates;
+        let mut undo = StateTrieUpdates {
+            account_nodes: undo_nodes(store, TrieId::Account, &updates.account_nodes)?,
+            ..StateTrieUpdates::default()
+        };
+        for (owner, storage) in &updates.storage_tries {
+            let trie = TrieId::Storage(*owner);
+            let nodes = if storage.wiped {
+                // Whatever the batch wrote after its wipe goes with this wipe.
+                StorageNodeUpdates {
+                    wiped: true,
+                    nodes: all_nodes(store, trie)?,
+                }
+            } else {
+                StorageNodeUpdates {
+                    wiped: false,
+                    nodes: undo_nodes(store, trie, &storage.nodes)?,
+                }
+            };
+            undo.storage_tries.insert(*owner, nodes);
+        }
+        Ok(StateRootOutput {
+            root: self.root(),
+            updates: undo,
+            stats: Default::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        StateTrie,
+        state_trie::tests::{apply_block, op, trie},
+        store::TrieId,
+    };
+    use overdrive_primitives::MemState;
+    use proptest::prelude::*;
+
+    fn snapshot(trie: &StateTrie) -> Vec<(TrieId, Vec<(alloy_trie::Nibbles, crate::StoredNode)>)> {
+        let store = trie.store();
+        let mut tries = vec![(
+            TrieId::Account,
+            store.nodes(TrieId::Account).into_iter().collect(),
+        )];
+        for owner in store.storage_owners() {
+            let id = TrieId::Storage(owner);
+            let nodes: Vec<_> = store.nodes(id).into_iter().collect();
+            if !nodes.is_empty() {
+                tries.push((id, nodes));
+            }
+        }
+        tries
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(32), ..ProptestConfig::default() })]
+
+        /// Blocks committed one after the other, then undone newest first: after each undo the
+        /// root and every node are those of the block before (wipes and re-created accounts
+        /// included), and the trie goes on from there as if the undone blocks never came.
+        #[test]
+        fn undo_steps_back_block_by_block(
+            blocks in prop::collection::vec(prop::collection::vec(op(24, 40), 1..30), 2..6),
+        ) {
+            let mut model = MemState::default();
+            let mut trie = trie(2, 2);
+            let mut history = vec![(trie.root(), snapshot(&trie))];
+            let mut undos = Vec::new();
+            let mut diffs = Vec::new();
+            for ops in &blocks {
+                let diff = apply_block(&mut model, ops);
+                let output = trie.compute(&diff).unwrap();
+                undos.push(trie.undo_of(&output).unwrap());
+                trie.commit(&output).unwrap();
+                history.push((trie.root(), snapshot(&trie)));
+                diffs.push(diff);
+            }
+            history.pop();
+            while let Some(undo) = undos.pop() {
+                trie.commit(&undo).unwrap();
+                let (root, nodes) = history.pop().unwrap();
+                prop_assert_eq!(trie.root(), root);
+                prop_assert_eq!(snapshot(&trie), nodes);
+            }
+            let mut fresh = super::super::state_trie::tests::trie(1, 64);
+            for diff in &diffs {
+                prop_assert_eq!(trie.apply(diff).unwrap().root, fresh.apply(diff).unwrap().root);
+            }
+            prop_assert_eq!(snapshot(&trie), snapshot(&fresh));
+        }
+    }
+}
