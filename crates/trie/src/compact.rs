@@ -8,8 +8,8 @@
 //! leaves, or extensions to branches that are not kept, is recomputed from the leaves and has
 //! no row. The root has no row either (its hash is the state root).
 //!
-//! [`StateTrie::commit_compact`] commits one block's node changes and says which rows to write
-//! and which to delete: every rewritten branch that is kept, and every path that held a branch
+//! [`CompactTrie::commit`] commits one block's node changes and says which rows to write and
+//! which to delete: every rewritten branch that is kept, and every path that held a branch
 //! before the block and holds no kept branch after it. A branch's row depends only on the branch
 //! and its children, and a changed child changes the branch's reference, so the branches a
 //! block rewrites are the only rows that can change.
@@ -17,9 +17,9 @@
 use crate::{
     StateRootOutput, StateTrie, TrieError,
     node::Node,
-    store::{NodeStore, NodeUpdates, TrieId},
+    store::{NodeStore, NodeUpdates, StateTrieUpdates, TrieId},
 };
-use alloy_primitives::map::{B256Map, HashSet};
+use alloy_primitives::map::{B256Map, HashMap, HashSet};
 use alloy_trie::{BranchNodeCompact, Nibbles, TrieMask};
 
 /// Rows of one trie to write and to delete, each sorted by path.
@@ -49,6 +49,163 @@ pub struct CompactUpdates {
     pub storages: B256Map<CompactStorage>,
 }
 
+/// Which branches have a row, as far as a [`CompactTrie`] has looked: a parent's tree mask
+/// needs it for every child, and reading it from the children's children would cost a read per
+/// child. A branch's answer changes only when the branch is rewritten (its subtree changed), so
+/// an entry stays right until a commit writes, deletes or wipes its path.
+#[derive(Clone, Debug, Default)]
+struct Kept {
+    accounts: HashMap<Nibbles, bool>,
+    storages: B256Map<HashMap<Nibbles, bool>>,
+}
+
+impl Kept {
+    fn of(&mut self, trie: TrieId) -> &mut HashMap<Nibbles, bool> {
+        match trie {
+            TrieId::Account => &mut self.accounts,
+            TrieId::Storage(owner) => self.storages.entry(owner).or_default(),
+        }
+    }
+
+    /// Drops what `updates` may have changed.
+    fn forget(&mut self, updates: &StateTrieUpdates) {
+        forget_nodes(&mut self.accounts, &updates.account_nodes);
+        for (owner, storage) in &updates.storage_tries {
+            if storage.wiped {
+                self.storages.remove(owner);
+            } else if let Some(kept) = self.storages.get_mut(owner) {
+                forget_nodes(kept, &storage.nodes);
+            }
+        }
+    }
+}
+
+fn forget_nodes(kept: &mut HashMap<Nibbles, bool>, nodes: &NodeUpdates) {
+    for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
+        kept.remove(path);
+    }
+}
+
+/// A [`StateTrie`] whose commits also give the branch rows they write and delete.
+///
+/// Every commit goes through [`CompactTrie::commit`], blocks and undo batches alike, so that
+/// what it remembers of which branches have a row stays true.
+#[derive(Debug)]
+pub struct CompactTrie<S = crate::MemNodeStore> {
+    trie: StateTrie<S>,
+    kept: Kept,
+}
+
+impl<S: NodeStore> CompactTrie<S> {
+    /// `trie`, with nothing remembered yet.
+    pub fn new(trie: StateTrie<S>) -> Self {
+        Self {
+            trie,
+            kept: Kept::default(),
+        }
+    }
+
+    /// The trie.
+    pub fn trie(&self) -> &StateTrie<S> {
+        &self.trie
+    }
+
+    /// [`StateTrie::commit`], returning the rows the batch writes and deletes (see the
+    /// [module](self) docs). On an error nothing is committed, or, when reading the rows after
+    /// the commit fails, the commit stands and the error says why.
+    pub fn commit(&mut self, output: &StateRootOutput) -> Result<CompactUpdates, TrieError> {
+        let updates = &output.updates;
+        let store = self.trie.store();
+        let accounts_before = branches_before(store, TrieId::Account, &updates.account_nodes)?;
+        let mut storages_before = B256Map::default();
+        for (owner, storage) in &updates.storage_tries {
+            // A wiped trie loses every row: none is left to delete one by one.
+            let before = if storage.wiped {
+                HashSet::default()
+            } else {
+                branches_before(store, TrieId::Storage(*owner), &storage.nodes)?
+            };
+            storages_before.insert(*owner, before);
+        }
+        self.commit_rows(output, accounts_before, storages_before)
+    }
+
+    /// [`CompactTrie::commit`], also returning the batch that takes it back
+    /// ([`StateTrie::undo_of`]), the old nodes read once for both.
+    pub fn commit_with_undo(
+        &mut self,
+        output: &StateRootOutput,
+    ) -> Result<(CompactUpdates, StateRootOutput), TrieError> {
+        let undo = self.trie.undo_of(output)?;
+        // The undo batch writes back every old node the batch replaces: its branches are the
+        // paths that held one.
+        let accounts_before = branches_in(&undo.updates.account_nodes);
+        let storages_before = undo
+            .updates
+            .storage_tries
+            .iter()
+            .map(|(owner, storage)| {
+                let before = if storage.wiped {
+                    HashSet::default()
+                } else {
+                    branches_in(&storage.nodes)
+                };
+                (*owner, before)
+            })
+            .collect();
+        let rows = self.commit_rows(output, accounts_before, storages_before)?;
+        Ok((rows, undo))
+    }
+
+    fn commit_rows(
+        &mut self,
+        output: &StateRootOutput,
+        accounts_before: HashSet<Nibbles>,
+        storages_before: B256Map<HashSet<Nibbles>>,
+    ) -> Result<CompactUpdates, TrieError> {
+        let updates = &output.updates;
+        // The batch's written branches are answered again below, deepest first, before any
+        // parent reads them; forgetting them first keeps a stale answer out even when reading
+        // the rows fails half-way.
+        self.kept.forget(updates);
+        self.trie.commit(output)?;
+        let mut rows = |trie, nodes, before| {
+            let mut lookup = Lookup {
+                store: self.trie.store(),
+                kept: self.kept.of(trie),
+                trie,
+            };
+            lookup.rows_after(nodes, before)
+        };
+        let mut compact = CompactUpdates {
+            account: rows(TrieId::Account, &updates.account_nodes, &accounts_before)?,
+            storages: B256Map::default(),
+        };
+        let empty = HashSet::default();
+        for (owner, storage) in &updates.storage_tries {
+            let before = storages_before.get(owner).unwrap_or(&empty);
+            let nodes = rows(TrieId::Storage(*owner), &storage.nodes, before)?;
+            compact.storages.insert(
+                *owner,
+                CompactStorage {
+                    wiped: storage.wiped,
+                    nodes,
+                },
+            );
+        }
+        Ok(compact)
+    }
+}
+
+/// The non-root paths `nodes` writes a branch at.
+fn branches_in(nodes: &NodeUpdates) -> HashSet<Nibbles> {
+    nodes
+        .writes()
+        .filter(|(path, stored)| !path.is_empty() && matches!(stored.node, Node::Branch { .. }))
+        .map(|(path, _)| *path)
+        .collect()
+}
+
 /// The row of the branch at `path` of `trie` (whose children are `state_mask`), or `None` when
 /// the branch has none.
 pub fn compact_branch<S: NodeStore + ?Sized>(
@@ -57,104 +214,181 @@ pub fn compact_branch<S: NodeStore + ?Sized>(
     path: &Nibbles,
     state_mask: TrieMask,
 ) -> Result<Option<BranchNodeCompact>, TrieError> {
-    let children = store
-        .get_child_nodes(trie, path, state_mask)
-        .map_err(TrieError::store)?;
-    let mut tree_mask = TrieMask::default();
-    let mut hash_mask = TrieMask::default();
-    let mut hashes = Vec::new();
-    for nibble in state_mask.iter() {
-        let mut child = *path;
-        child.push_unchecked(nibble);
-        let (Some(node), Some(reference)) = (children.node(nibble), children.reference(nibble))
-        else {
-            return Err(TrieError::MissingNode { trie, path: child });
-        };
-        match node {
-            Node::Branch { state_mask, .. } => {
-                hash_mask.set_bit(nibble);
-                hashes.push(reference.as_hash().ok_or(TrieError::MalformedNode {
-                    trie,
-                    path: child,
-                    reason: "a branch whose encoding is shorter than a hash",
-                })?);
-                if is_kept(store, trie, &child, *state_mask)? {
-                    tree_mask.set_bit(nibble);
-                }
-            }
-            Node::Extension { key, .. } => {
-                let below = child.join(key);
-                if is_kept(store, trie, &below, branch_mask(store, trie, &below)?)? {
-                    tree_mask.set_bit(nibble);
-                }
-            }
-            Node::Leaf { .. } => {}
-        }
+    let mut kept = HashMap::default();
+    Lookup {
+        store,
+        kept: &mut kept,
+        trie,
     }
-    if tree_mask.is_empty() && hash_mask.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(BranchNodeCompact::new(
-        state_mask, tree_mask, hash_mask, hashes, None,
-    )))
+    .row(path, state_mask)
 }
 
-/// Whether the branch at `path` has a row: a child is a branch, or an extension to a branch
-/// that has one.
-fn is_kept<S: NodeStore + ?Sized>(
-    store: &S,
+/// Reads of one trie's nodes for its rows, with what is known of which branches have one.
+struct Lookup<'a, S: ?Sized> {
+    store: &'a S,
+    kept: &'a mut HashMap<Nibbles, bool>,
     trie: TrieId,
-    path: &Nibbles,
-    state_mask: TrieMask,
-) -> Result<bool, TrieError> {
-    let children = store
-        .get_child_nodes(trie, path, state_mask)
-        .map_err(TrieError::store)?;
-    let mut extensions = Vec::new();
-    for nibble in state_mask.iter() {
-        match children.node(nibble) {
-            Some(Node::Branch { .. }) => return Ok(true),
-            Some(Node::Extension { key, .. }) => {
-                let mut child = *path;
-                child.push_unchecked(nibble);
-                extensions.push(child.join(key));
-            }
-            Some(Node::Leaf { .. }) => {}
-            None => {
-                let mut child = *path;
-                child.push_unchecked(nibble);
+}
+
+impl<S: NodeStore + ?Sized> Lookup<'_, S> {
+    /// The row of the branch at `path`, remembered as kept or not.
+    fn row(
+        &mut self,
+        path: &Nibbles,
+        state_mask: TrieMask,
+    ) -> Result<Option<BranchNodeCompact>, TrieError> {
+        let trie = self.trie;
+        let children = self
+            .store
+            .get_child_nodes(trie, path, state_mask)
+            .map_err(TrieError::store)?;
+        let mut tree_mask = TrieMask::default();
+        let mut hash_mask = TrieMask::default();
+        let mut hashes = Vec::new();
+        // Children whose row is not known yet: branches here, and the branches extensions
+        // lead to.
+        let mut unknown = Vec::new();
+        for nibble in state_mask.iter() {
+            let mut child = *path;
+            child.push_unchecked(nibble);
+            let (Some(node), Some(reference)) = (children.node(nibble), children.reference(nibble))
+            else {
                 return Err(TrieError::MissingNode { trie, path: child });
+            };
+            let below = match node {
+                Node::Branch { .. } => {
+                    hash_mask.set_bit(nibble);
+                    hashes.push(reference.as_hash().ok_or(TrieError::MalformedNode {
+                        trie,
+                        path: child,
+                        reason: "a branch whose encoding is shorter than a hash",
+                    })?);
+                    child
+                }
+                Node::Extension { key, .. } => child.join(key),
+                Node::Leaf { .. } => continue,
+            };
+            match self.kept.get(&below) {
+                Some(true) => tree_mask.set_bit(nibble),
+                Some(false) => {}
+                None => unknown.push((nibble, below)),
             }
         }
+        drop(children);
+        for (nibble, below) in unknown {
+            let mask = self.branch_mask(&below)?;
+            if self.is_kept(&below, mask)? {
+                tree_mask.set_bit(nibble);
+            }
+        }
+        let row = (!tree_mask.is_empty() || !hash_mask.is_empty())
+            .then(|| BranchNodeCompact::new(state_mask, tree_mask, hash_mask, hashes, None));
+        self.kept.insert(*path, row.is_some());
+        Ok(row)
     }
-    drop(children);
-    for below in extensions {
-        if is_kept(store, trie, &below, branch_mask(store, trie, &below)?)? {
-            return Ok(true);
+
+    /// Whether the branch at `path` has a row: a child is a branch, or an extension to a
+    /// branch that has one.
+    fn is_kept(&mut self, path: &Nibbles, state_mask: TrieMask) -> Result<bool, TrieError> {
+        if let Some(kept) = self.kept.get(path) {
+            return Ok(*kept);
+        }
+        let trie = self.trie;
+        let children = self
+            .store
+            .get_child_nodes(trie, path, state_mask)
+            .map_err(TrieError::store)?;
+        let mut extensions = Vec::new();
+        let mut kept = false;
+        for nibble in state_mask.iter() {
+            match children.node(nibble) {
+                Some(Node::Branch { .. }) => {
+                    kept = true;
+                    break;
+                }
+                Some(Node::Extension { key, .. }) => {
+                    let mut child = *path;
+                    child.push_unchecked(nibble);
+                    extensions.push(child.join(key));
+                }
+                Some(Node::Leaf { .. }) => {}
+                None => {
+                    let mut child = *path;
+                    child.push_unchecked(nibble);
+                    return Err(TrieError::MissingNode { trie, path: child });
+                }
+            }
+        }
+        drop(children);
+        if !kept {
+            for below in extensions {
+                let mask = self.branch_mask(&below)?;
+                if self.is_kept(&below, mask)? {
+                    kept = true;
+                    break;
+                }
+            }
+        }
+        self.kept.insert(*path, kept);
+        Ok(kept)
+    }
+
+    /// The children of the branch at `path` (where an extension leads, or a branch child).
+    fn branch_mask(&self, path: &Nibbles) -> Result<TrieMask, TrieError> {
+        let trie = self.trie;
+        match self
+            .store
+            .get(trie, path)
+            .map_err(TrieError::store)?
+            .as_deref()
+            .map(|stored| &stored.node)
+        {
+            Some(Node::Branch { state_mask, .. }) => Ok(*state_mask),
+            Some(_) => Err(TrieError::MalformedNode {
+                trie,
+                path: *path,
+                reason: "an extension over a non-branch",
+            }),
+            None => Err(TrieError::MissingNode { trie, path: *path }),
         }
     }
-    Ok(false)
-}
 
-/// The children of the branch an extension leads to.
-fn branch_mask<S: NodeStore + ?Sized>(
-    store: &S,
-    trie: TrieId,
-    path: &Nibbles,
-) -> Result<TrieMask, TrieError> {
-    match store
-        .get(trie, path)
-        .map_err(TrieError::store)?
-        .as_deref()
-        .map(|stored| &stored.node)
-    {
-        Some(Node::Branch { state_mask, .. }) => Ok(*state_mask),
-        Some(_) => Err(TrieError::MalformedNode {
-            trie,
-            path: *path,
-            reason: "an extension over a non-branch",
-        }),
-        None => Err(TrieError::MissingNode { trie, path: *path }),
+    /// The rows `nodes` leaves, after it applied: the kept branches it wrote (deepest first, so
+    /// that a parent finds its written children's answer), and the paths of `before`
+    /// (branches before the batch) that hold no kept branch now.
+    fn rows_after(
+        &mut self,
+        nodes: &NodeUpdates,
+        before: &HashSet<Nibbles>,
+    ) -> Result<CompactNodes, TrieError> {
+        let mut branches: Vec<(Nibbles, TrieMask)> = Vec::new();
+        let mut rows = CompactNodes::default();
+        for (path, stored) in nodes.writes() {
+            if path.is_empty() {
+                continue;
+            }
+            match &stored.node {
+                Node::Branch { state_mask, .. } => branches.push((*path, *state_mask)),
+                Node::Extension { .. } | Node::Leaf { .. } => {
+                    if before.contains(path) {
+                        rows.removed.push(*path);
+                    }
+                }
+            }
+        }
+        branches.sort_unstable_by_key(|(path, _)| std::cmp::Reverse(path.len()));
+        for (path, state_mask) in branches {
+            match self.row(&path, state_mask)? {
+                Some(row) => rows.updated.push((path, row)),
+                None if before.contains(&path) => rows.removed.push(path),
+                None => {}
+            }
+        }
+        rows.removed
+            .extend(nodes.deletes().iter().filter(|path| before.contains(*path)));
+        rows.updated.sort_unstable_by_key(|(path, _)| *path);
+        rows.removed.sort_unstable();
+        Ok(rows)
     }
 }
 
@@ -177,87 +411,6 @@ fn branches_before<S: NodeStore + ?Sized>(
         }
     }
     Ok(branches)
-}
-
-/// The rows `nodes` leaves, after it applied: the kept branches it wrote, and the paths of
-/// `before` (branches before the batch) that hold no kept branch now.
-fn rows_after<S: NodeStore + ?Sized>(
-    store: &S,
-    trie: TrieId,
-    nodes: &NodeUpdates,
-    before: &HashSet<Nibbles>,
-) -> Result<CompactNodes, TrieError> {
-    let mut rows = CompactNodes::default();
-    for (path, stored) in nodes.writes() {
-        if path.is_empty() {
-            continue;
-        }
-        let row = match &stored.node {
-            Node::Branch { state_mask, .. } => compact_branch(store, trie, path, *state_mask)?,
-            Node::Extension { .. } | Node::Leaf { .. } => None,
-        };
-        match row {
-            Some(row) => rows.updated.push((*path, row)),
-            None if before.contains(path) => rows.removed.push(*path),
-            None => {}
-        }
-    }
-    rows.removed
-        .extend(nodes.deletes().iter().filter(|path| before.contains(*path)));
-    rows.updated.sort_unstable_by_key(|(path, _)| *path);
-    rows.removed.sort_unstable();
-    Ok(rows)
-}
-
-impl<S: NodeStore> StateTrie<S> {
-    /// [`StateTrie::commit`], returning the rows the batch writes and deletes in the compact
-    /// form (see the [module](self) docs). On an error nothing is committed, or, when reading
-    /// the rows after the commit fails, the commit stands and the error says why.
-    pub fn commit_compact(
-        &mut self,
-        output: &StateRootOutput,
-    ) -> Result<CompactUpdates, TrieError> {
-        let updates = &output.updates;
-        let accounts_before =
-            branches_before(self.store(), TrieId::Account, &updates.account_nodes)?;
-        let mut storages_before = B256Map::default();
-        for (owner, storage) in &updates.storage_tries {
-            // A wiped trie loses every row: none is left to delete one by one.
-            let before = if storage.wiped {
-                HashSet::default()
-            } else {
-                branches_before(self.store(), TrieId::Storage(*owner), &storage.nodes)?
-            };
-            storages_before.insert(*owner, before);
-        }
-        self.commit(output)?;
-        let store = self.store();
-        let mut compact = CompactUpdates {
-            account: rows_after(
-                store,
-                TrieId::Account,
-                &updates.account_nodes,
-                &accounts_before,
-            )?,
-            storages: B256Map::default(),
-        };
-        for (owner, storage) in &updates.storage_tries {
-            let nodes = rows_after(
-                store,
-                TrieId::Storage(*owner),
-                &storage.nodes,
-                &storages_before[owner],
-            )?;
-            compact.storages.insert(
-                *owner,
-                CompactStorage {
-                    wiped: storage.wiped,
-                    nodes,
-                },
-            );
-        }
-        Ok(compact)
-    }
 }
 
 #[cfg(test)]
@@ -508,13 +661,49 @@ mod tests {
             threads in 1..4usize,
         ) {
             let mut model = Model::new();
-            let mut trie = trie(threads, 2);
+            let mut trie = CompactTrie::new(trie(threads, 2));
             let mut table = Table::new();
             for changes in &blocks {
                 let diff = block_diff(&mut model, &addresses, changes);
-                let output = trie.compute(&diff).unwrap();
-                let rows = trie.commit_compact(&output).unwrap();
+                let output = trie.trie().compute(&diff).unwrap();
+                let rows = trie.commit(&output).unwrap();
                 write_rows(&mut table, &rows);
+                prop_assert_eq!(&table, &expected_rows(&model));
+            }
+        }
+
+        /// Blocks committed, then taken back newest first with their undo batches, then new
+        /// blocks on top, every commit through the same trie: the rows written so far equal a
+        /// fresh build's at every step (what the trie remembers of which branches have a row
+        /// follows the undo batches too).
+        #[test]
+        fn rows_follow_undo_batches(
+            (addresses, blocks) in blocks_and_keys(),
+            back in 1..4usize,
+        ) {
+            let mut model = Model::new();
+            let mut trie = CompactTrie::new(trie(2, 2));
+            let mut table = Table::new();
+            let mut history = Vec::new();
+            for changes in &blocks {
+                let diff = block_diff(&mut model, &addresses, changes);
+                let output = trie.trie().compute(&diff).unwrap();
+                let (rows, undo) = trie.commit_with_undo(&output).unwrap();
+                history.push((undo, model.clone()));
+                write_rows(&mut table, &rows);
+                prop_assert_eq!(&table, &expected_rows(&model));
+            }
+            for _ in 0..back.min(history.len()) {
+                let (undo, _) = history.pop().unwrap();
+                write_rows(&mut table, &trie.commit(&undo).unwrap());
+                // Back to the state after the block before (kept with it), or the empty one.
+                model = history.last().map(|(_, model)| model.clone()).unwrap_or_default();
+                prop_assert_eq!(&table, &expected_rows(&model));
+            }
+            for changes in blocks.iter().rev() {
+                let diff = block_diff(&mut model, &addresses, changes);
+                let output = trie.trie().compute(&diff).unwrap();
+                write_rows(&mut table, &trie.commit(&output).unwrap());
                 prop_assert_eq!(&table, &expected_rows(&model));
             }
         }
@@ -526,13 +715,13 @@ mod tests {
         ) {
             let mut state = MemState::default();
             let mut model = Model::new();
-            let mut trie = trie(2, 2);
+            let mut trie = CompactTrie::new(trie(2, 2));
             let mut table = Table::new();
             for ops in &blocks {
                 let diff = apply_block(&mut state, ops);
                 apply_to_model(&mut model, &diff);
-                let output = trie.compute(&diff).unwrap();
-                write_rows(&mut table, &trie.commit_compact(&output).unwrap());
+                let output = trie.trie().compute(&diff).unwrap();
+                write_rows(&mut table, &trie.commit(&output).unwrap());
                 prop_assert_eq!(&table, &expected_rows(&model));
             }
         }
@@ -578,9 +767,9 @@ mod tests {
                 slots: slots.iter().map(|s| (key(s), U256::from(1))).collect(),
             },
         );
-        let mut trie = trie(1, 64);
-        let output = trie.compute(&diff).unwrap();
-        let rows = trie.commit_compact(&output).unwrap();
+        let mut trie = CompactTrie::new(trie(1, 64));
+        let output = trie.trie().compute(&diff).unwrap();
+        let rows = trie.commit(&output).unwrap();
         let rows: BTreeMap<Nibbles, BranchNodeCompact> = rows.storages[&owner]
             .nodes
             .updated
@@ -610,6 +799,7 @@ mod tests {
         assert!(rows.contains_key(&path("333")));
         assert!(!rows.contains_key(&path("444")));
         let row = trie
+            .trie()
             .store()
             .get(TrieId::Storage(owner), &Nibbles::new())
             .unwrap()
@@ -618,7 +808,7 @@ mod tests {
             panic!("the root is a branch")
         };
         let root = compact_branch(
-            trie.store(),
+            trie.trie().store(),
             TrieId::Storage(owner),
             &Nibbles::new(),
             state_mask,

@@ -6,9 +6,9 @@
 //!   storage tries and then the account trie spread over a persistent worker pool (each worker
 //!   unpinned unless [`TrieConfig::pin_workers`] asks for a core each) and split by nibble
 //!   wherever a subtree has many updates. The output is the new root plus the node
-//!   writes and deletes to persist ([`StateTrieUpdates`]), or, through
-//!   [`StateTrie::commit_compact`], the rows of a database that keeps branch nodes in
-//!   alloy-trie's compact form (reth's trie tables: [`CompactUpdates`]); [`StateTrie::undo_of`]
+//!   writes and deletes to persist ([`StateTrieUpdates`]), or, committed through a
+//!   [`CompactTrie`], the rows of a database that keeps branch nodes in alloy-trie's compact
+//!   form (reth's trie tables: [`CompactUpdates`]); [`StateTrie::undo_of`]
 //!   gives the batch that takes a committed block back.
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
 //!   its children's stored references and only the nodes on changed paths are rewritten.
@@ -33,7 +33,7 @@ mod state_trie;
 mod store;
 mod undo;
 
-pub use compact::{CompactNodes, CompactStorage, CompactUpdates, compact_branch};
+pub use compact::{CompactNodes, CompactStorage, CompactTrie, CompactUpdates, compact_branch};
 pub use error::TrieError;
 pub use metrics::describe_metrics;
 pub use node::{Node, NodeDecodeError, StoredNode, Value};
