@@ -1,23 +1,23 @@
 //! `--overdrive.state-root overdrive`: the state root of each block the engine validates,
 //! computed by overdrive's parallel trie (`overdrive-trie`) as reth's `StateRootStrategy`.
 //!
-//! The trie is kept in memory. At launch it is built from reth's hashed state tables and its
-//! root checked against the database head's header; after that it follows the blocks the
-//! engine validates, the tries of the last [`StateRootConfig::blocks_kept`] of them kept by
-//! block hash (a copy of a trie shares the nodes it did not change). A block whose parent's
-//! trie is kept gets its root from a copy of that trie, and reth gets the trie rows to persist
-//! from [`StateTrie::commit_compact`] as its `TrieUpdates`; any other block (a fork from further
-//! back, or the first blocks after a launch whose trie could not be built) goes to reth's own
-//! strategy. A root that differs from the block header's is checked with reth's synchronous
-//! root before the block is judged: if reth's matches the header, reth's is used and overdrive's
-//! trie is dropped for the rest of the run, with an error in the log.
+//! The trie is kept in memory, one copy of it. At launch it is built from reth's hashed state
+//! tables and its root checked against the database head's header; after that it follows the
+//! blocks the engine validates: a block whose parent is the trie's block, or one of the last
+//! [`StateRootConfig::blocks_kept`] blocks before it, gets its root from the trie (stepped back
+//! to the parent first with the undo batches of [`StateTrie::undo_of`]), and reth gets the trie
+//! rows to persist from [`CompactTrie::commit`] as its `TrieUpdates`. Any other block (a
+//! fork from further back) goes to reth's own strategy. A root that differs from the block
+//! header's is checked with reth's synchronous root before the block is judged: if reth's
+//! matches the header, reth's is used and overdrive's trie is dropped for the rest of the run,
+//! with an error in the log; so is the trie after any error of its own.
 
 use alloy_consensus::BlockHeader;
 use alloy_primitives::{B256, KECCAK256_EMPTY as KECCAK_EMPTY};
 use alloy_rpc_types_engine::ExecutionData;
 use overdrive_trie::{
-    CompactNodes, CompactUpdates, HashedAccount, HashedStateChanges, HashedStorageChanges,
-    StateTrie, TrieConfig,
+    CompactNodes, CompactTrie, CompactUpdates, HashedAccount, HashedStateChanges,
+    HashedStorageChanges, StateRootOutput, StateTrie, TrieConfig, TrieError,
 };
 use reth_db_api::{cursor::DbCursorRO, tables, transaction::DbTx};
 use reth_engine_tree::tree::{
@@ -62,7 +62,8 @@ const TARGET: &str = "overdrive::state_root";
 pub struct StateRootConfig {
     /// Threads hashing the trie.
     pub threads: usize,
-    /// How many of the last validated blocks keep their trie, for children and forks of them.
+    /// How many of the last blocks the trie computed it can step back over, for a block that
+    /// turns out invalid or a fork from one of them.
     pub blocks_kept: usize,
 }
 
@@ -75,36 +76,63 @@ impl Default for StateRootConfig {
     }
 }
 
-/// The tries of the last validated blocks, newest last.
+/// overdrive's trie at the newest block it computed, and how to step back from there.
 #[derive(Debug)]
-struct Kept {
-    tries: VecDeque<(B256, StateTrie)>,
+struct Tip {
+    /// The block whose state the trie holds.
+    block: B256,
+    trie: CompactTrie,
+    /// The last blocks committed, newest last: each block, its parent, and the batch that takes
+    /// the trie from the block back to the parent.
+    undo: VecDeque<(B256, B256, StateRootOutput)>,
     limit: usize,
 }
 
-impl Kept {
-    fn get(&self, block: B256) -> Option<&StateTrie> {
-        self.tries
-            .iter()
-            .rev()
-            .find(|(hash, _)| *hash == block)
-            .map(|(_, trie)| trie)
+impl Tip {
+    /// Whether the trie can be brought to `block`: it is there, or kept undo batches lead back.
+    fn reaches(&self, block: B256) -> bool {
+        self.block == block || self.undo.iter().any(|(_, parent, _)| *parent == block)
     }
 
-    fn push(&mut self, block: B256, trie: StateTrie) {
-        self.tries.retain(|(hash, _)| *hash != block);
-        if self.tries.len() >= self.limit {
-            self.tries.pop_front();
+    /// Steps the trie back to `block`; false when no kept batch leads there.
+    fn rewind_to(&mut self, block: B256) -> Result<bool, TrieError> {
+        if !self.reaches(block) {
+            return Ok(false);
         }
-        self.tries.push_back((block, trie));
+        while self.block != block {
+            let Some((_, parent, undo)) = self.undo.pop_back() else {
+                return Ok(false);
+            };
+            // The rows of going back are not reth's to write: reth keeps each block's rows
+            // with that block, and the next block's rows are taken against the parent.
+            self.trie.commit(&undo)?;
+            self.block = parent;
+        }
+        Ok(true)
+    }
+
+    /// Commits `output` as `block`'s, keeping the batch that takes it back; returns the rows.
+    fn advance(
+        &mut self,
+        block: B256,
+        output: &StateRootOutput,
+    ) -> Result<CompactUpdates, TrieError> {
+        let (rows, undo) = self.trie.commit_with_undo(output)?;
+        self.undo.push_back((block, self.block, undo));
+        if self.undo.len() > self.limit {
+            self.undo.pop_front();
+        }
+        self.block = block;
+        Ok(rows)
     }
 }
 
-/// The strategy: overdrive's trie for blocks whose parent's trie is kept, reth's otherwise.
+/// The strategy: overdrive's trie for blocks whose parent it reaches, reth's otherwise.
 #[derive(Debug)]
 pub struct OverdriveStateRoot {
     default: DefaultStateRootStrategy,
-    kept: Arc<Mutex<Kept>>,
+    /// `None` once the trie failed.
+    tip: Arc<Mutex<Option<Tip>>>,
 }
 
 impl OverdriveStateRoot {
@@ -146,14 +174,15 @@ impl OverdriveStateRoot {
             elapsed = ?started.elapsed(),
             "Built overdrive's trie"
         );
-        let mut kept = Kept {
-            tries: VecDeque::new(),
-            limit: config.blocks_kept.max(1),
+        let tip = Tip {
+            block: header.hash(),
+            trie: CompactTrie::new(trie),
+            undo: VecDeque::new(),
+            limit: config.blocks_kept,
         };
-        kept.push(header.hash(), trie);
         Ok(Self {
             default: DefaultStateRootStrategy::default(),
-            kept: Arc::new(Mutex::new(kept)),
+            tip: Arc::new(Mutex::new(Some(tip))),
         })
     }
 }
@@ -260,20 +289,20 @@ where
         ctx: StateRootJobContext<'_, N, P, Evm>,
     ) -> ProviderResult<PreparedStateRootJob<N>> {
         let parent = ctx.env().parent_hash;
-        let kept = self
-            .kept
+        let reached = self
+            .tip
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(parent)
-            .is_some();
-        if !kept {
-            debug!(target: TARGET, %parent, "No trie kept for the parent: reth's state root");
+            .as_ref()
+            .is_some_and(|tip| tip.reaches(parent));
+        if !reached {
+            debug!(target: TARGET, %parent, "overdrive's trie does not reach the parent: reth's state root");
             metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth").increment(1);
             return self.default.prepare(ctx);
         }
         let job = OverdriveRootJob {
             parent,
-            kept: self.kept.clone(),
+            tip: self.tip.clone(),
             provider_builder: ctx.provider_builder(),
         };
         Ok(PreparedStateRootJob::new(Box::new(job), None))
@@ -287,10 +316,10 @@ where
     }
 }
 
-/// One block's root from a copy of its parent's trie.
+/// One block's root from overdrive's trie, brought to its parent.
 struct OverdriveRootJob<N: NodePrimitives, P> {
     parent: B256,
-    kept: Arc<Mutex<Kept>>,
+    tip: Arc<Mutex<Option<Tip>>>,
     provider_builder: StateProviderBuilder<N, P>,
 }
 
@@ -305,9 +334,9 @@ where
         + TryIntoHistoricalStateProvider
         + 'static,
 {
-    /// Drops every kept trie, so that reth's strategy takes every block from now on: overdrive's
-    /// trie failed on `block`, and no root of it is trusted again in this run.
-    fn give_up(&self, block: B256, why: &str) {
+    /// Drops overdrive's trie, so that reth's strategy takes every block from now on: it
+    /// failed on `block`, and no root of it is trusted again in this run.
+    fn give_up(tip: &mut Option<Tip>, block: B256, why: &str) {
         error!(
             target: TARGET,
             %block,
@@ -315,11 +344,7 @@ where
             "overdrive's state root failed: reth's root is used, and overdrive's trie is dropped for the rest of the run"
         );
         metrics::counter!("overdrive_state_root_failures_total").increment(1);
-        self.kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .tries
-            .clear();
+        *tip = None;
     }
 
     /// reth's synchronous root over the parent's state (what reth's strategy computes on a
@@ -353,54 +378,65 @@ where
         hashed_state: &LazyHashedPostState,
     ) -> ProviderResult<StateRootJobOutcome> {
         let state = hashed_state.get();
-        let parent = self
-            .kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(self.parent)
-            .cloned();
-        let Some(mut trie) = parent else {
-            // Dropped since `prepare` (overdrive's trie failed on another block).
-            metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth").increment(1);
-            return self.reths(state);
-        };
         let expected = block.header().state_root();
-        let ours = trie.compute(&changes(state)).and_then(|output| {
-            if output.root != expected {
-                return Ok(Err(output.root));
+        let reths = |job: &Self| {
+            metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth").increment(1);
+            job.reths(state)
+        };
+        let shared = self.tip.clone();
+        let mut guard = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(tip) = guard.as_mut() else {
+            // Dropped since `prepare` (it failed on another block).
+            return reths(self);
+        };
+        let ours = tip.rewind_to(self.parent).and_then(|reached| {
+            if !reached {
+                return Ok(None);
             }
-            let rows = trie.commit_compact(&output)?;
-            Ok(Ok((output.root, rows)))
+            let started = Instant::now();
+            let output = tip.trie.trie().compute(&changes(state))?;
+            if output.root != expected {
+                return Ok(Some(Err(output.root)));
+            }
+            let computed = started.elapsed();
+            let rows = tip.advance(block.hash(), &output)?;
+            debug!(
+                target: TARGET,
+                block = %block.hash(),
+                dirty_nodes = output.stats.dirty_nodes,
+                keccak_calls = output.stats.keccak_calls,
+                compute = ?computed,
+                rows = ?started.elapsed().saturating_sub(computed),
+                "overdrive's state root"
+            );
+            Ok(Some(Ok((output.root, rows))))
         });
-        let (root, rows) = match ours {
-            Ok(Ok(done)) => done,
-            Ok(Err(root)) => {
-                let reths = self.reths(state)?;
-                metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth")
+        match ours {
+            Ok(Some(Ok((root, rows)))) => {
+                metrics::counter!("overdrive_state_root_blocks_total", "root" => "overdrive")
                     .increment(1);
-                // A root that reth's count gets wrong too is an invalid block, and the kept
-                // tries stay as they are; otherwise overdrive's trie is wrong.
+                Ok(StateRootJobOutcome::new(root, Arc::new(trie_updates(rows))))
+            }
+            Ok(None) => reths(self),
+            Ok(Some(Err(root))) => {
+                let reths = reths(self)?;
+                // A root that reth's count gets wrong too is an invalid block, and the trie
+                // stays at the parent; otherwise overdrive's trie is wrong.
                 if reths.state_root == expected {
-                    self.give_up(
+                    Self::give_up(
+                        &mut guard,
                         block.hash(),
                         &format!("its root {root} differs from reth's"),
                     );
                 }
-                return Ok(reths);
+                Ok(reths)
             }
             Err(error) => {
-                metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth")
-                    .increment(1);
-                self.give_up(block.hash(), &error.to_string());
-                return self.reths(state);
+                Self::give_up(&mut guard, block.hash(), &error.to_string());
+                drop(guard);
+                reths(self)
             }
-        };
-        self.kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(block.hash(), trie);
-        metrics::counter!("overdrive_state_root_blocks_total", "root" => "overdrive").increment(1);
-        Ok(StateRootJobOutcome::new(root, Arc::new(trie_updates(rows))))
+        }
     }
 }
 

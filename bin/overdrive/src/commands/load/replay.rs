@@ -87,6 +87,9 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
                     "overdrive",
                     "--overdrive.trie.threads",
                     &threads,
+                    // The trie's own split of each root (hashing, rows) and its dirty nodes.
+                    "--log.stdout.filter",
+                    "info,overdrive::state_root=debug",
                 ],
             ),
         ],

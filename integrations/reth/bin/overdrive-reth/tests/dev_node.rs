@@ -39,23 +39,7 @@ fn mine_all(flags: &[&str]) -> String {
             )
         })
         .collect();
-    for chunk in raw.chunks(100) {
-        let batch: Vec<_> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, tx)| serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "eth_sendRawTransaction", "params": [tx]}))
-            .collect();
-        let response = support::http(
-            http,
-            "/",
-            Some(&serde_json::Value::Array(batch).to_string()),
-        )
-        .expect("the node answers");
-        assert!(
-            !response.contains("\"error\""),
-            "a transaction was refused: {response}"
-        );
-    }
+    support::send_raw(http, &raw, true);
     let last = workload
         .blocks
         .last()
@@ -79,14 +63,6 @@ fn mine_all(flags: &[&str]) -> String {
     page
 }
 
-/// The sum of a counter's samples whose labels contain `label`.
-fn counter(page: &str, name: &str, label: &str) -> f64 {
-    page.lines()
-        .filter(|l| l.contains(name) && l.contains(label) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[test]
 fn dev_node_validates_blocks_on_the_parallel_executor() {
     let page = mine_all(&[
@@ -95,7 +71,7 @@ fn dev_node_validates_blocks_on_the_parallel_executor() {
         "--overdrive.exec.threads",
         "2",
     ]);
-    let parallel = counter(
+    let parallel = support::counter(
         &page,
         "overdrive_block_executed_total",
         "executor=\"parallel\"",
@@ -112,7 +88,7 @@ fn dev_node_validates_blocks_on_the_parallel_executor() {
         "no block was validated in parallel:\n{page}"
     );
     assert_eq!(
-        counter(&page, "overdrive_block_executed_total", "executor=\"reth\""),
+        support::counter(&page, "overdrive_block_executed_total", "executor=\"reth\""),
         0.0,
         "{page}"
     );

@@ -13,27 +13,6 @@ use reth_provider::BlockNumReader;
 use std::time::Duration;
 use support::imports::{tail, trie_rows};
 
-/// Sends raw transactions in batches of 100; with `strict`, no transaction may be refused.
-fn send(http: u16, raw: &[String], strict: bool) {
-    for chunk in raw.chunks(100) {
-        let batch: Vec<_> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, tx)| serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "eth_sendRawTransaction", "params": [tx]}))
-            .collect();
-        let response = support::http(
-            http,
-            "/",
-            Some(&serde_json::Value::Array(batch).to_string()),
-        )
-        .expect("the node answers");
-        assert!(
-            !strict || !response.contains("\"error\""),
-            "a transaction was refused: {response}"
-        );
-    }
-}
-
 fn wait_mined(http: u16, hash: alloy_primitives::B256) {
     support::wait_for(
         "the last transaction to be mined",
@@ -43,14 +22,6 @@ fn wait_mined(http: u16, hash: alloy_primitives::B256) {
                 .filter(|r| !r.is_null())
         },
     );
-}
-
-/// The sum of a counter's samples whose labels contain `label`.
-fn counter(page: &str, name: &str, label: &str) -> f64 {
-    page.lines()
-        .filter(|l| l.contains(name) && l.contains(label) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[test]
@@ -99,11 +70,11 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
     let mut node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
     // One block of the workload at a time, so that the node mines one block for each.
     for block in first.chunks(1) {
-        send(http, &raw(block), true);
+        support::send_raw(http, &raw(block), true);
         wait_mined(http, last_of(block));
     }
     std::thread::sleep(Duration::from_secs(3));
-    send(http, &raw(second), true);
+    support::send_raw(http, &raw(second), true);
     std::thread::sleep(Duration::from_millis(1500));
     node.0.kill().unwrap();
     node.0.wait().unwrap();
@@ -123,15 +94,15 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
         !built.contains("head=0 "),
         "nothing persisted before the kill: {built}"
     );
-    send(http, &raw(first), false);
+    support::send_raw(http, &raw(first), false);
     for block in second.chunks(1) {
-        send(http, &raw(block), false);
+        support::send_raw(http, &raw(block), false);
         wait_mined(http, last_of(block));
     }
     std::thread::sleep(Duration::from_secs(2));
     let page = support::http(metrics, "/", None).expect("the metrics endpoint answers");
     let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
-    let ours = counter(
+    let ours = support::counter(
         &page,
         "overdrive_state_root_blocks_total",
         "root=\"overdrive\"",
@@ -142,7 +113,7 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
         tail(&log)
     );
     assert_eq!(
-        counter(&page, "overdrive_state_root_blocks_total", "root=\"reth\""),
+        support::counter(&page, "overdrive_state_root_blocks_total", "root=\"reth\""),
         0.0,
         "{page}"
     );

@@ -244,6 +244,36 @@ pub fn rpc_response(
     serde_json::from_str(&http(port, "/", Some(&body.to_string()))?).ok()
 }
 
+/// Sends raw transactions (0x-hex) with `eth_sendRawTransaction`, in JSON-RPC batches of 100;
+/// with `strict`, no transaction may be refused.
+pub fn send_raw(port: u16, raw: &[String], strict: bool) {
+    for chunk in raw.chunks(100) {
+        let batch: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, tx)| serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "eth_sendRawTransaction", "params": [tx]}))
+            .collect();
+        let response = http(
+            port,
+            "/",
+            Some(&serde_json::Value::Array(batch).to_string()),
+        )
+        .expect("the node answers");
+        assert!(
+            !strict || !response.contains("\"error\""),
+            "a transaction was refused: {response}"
+        );
+    }
+}
+
+/// The sum of a Prometheus counter's samples whose labels contain `label`.
+pub fn counter(page: &str, name: &str, label: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.contains(name) && l.contains(label) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// `node` flags that keep a test node off the network and on ports no other test holds: a
 /// free P2P and engine port, no discovery, no IPC socket.
 pub fn off_network() -> Vec<String> {
