@@ -111,7 +111,7 @@ impl<S: NodeStore> CompactTrie<S> {
     }
 
     /// [`StateTrie::commit`], returning the rows the batch writes and deletes (see the
-    /// [module](self) docs). On an error nothing is committed, or, when reading the rows after
+    /// module docs). On an error nothing is committed, or, when reading the rows after
     /// the commit fails, the commit stands and the error says why.
     pub fn commit(&mut self, output: &StateRootOutput) -> Result<CompactUpdates, TrieError> {
         let updates = &output.updates;
