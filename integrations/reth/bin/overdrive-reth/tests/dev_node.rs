@@ -5,7 +5,6 @@
 
 mod support;
 
-use alloy_eips::eip2718::Encodable2718;
 use overdrive_chain::Fork;
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use std::time::Duration;
@@ -28,17 +27,7 @@ fn mine_all(flags: &[&str]) -> String {
     node_flags.extend_from_slice(flags);
     let node = support::dev_node(&genesis, dir.path(), http, metrics, &node_flags);
 
-    let raw: Vec<String> = workload
-        .blocks
-        .iter()
-        .flat_map(|b| &b.transactions)
-        .map(|tx| {
-            format!(
-                "0x{}",
-                alloy_primitives::hex::encode(tx.inner().encoded_2718())
-            )
-        })
-        .collect();
+    let raw = support::raw_transactions(&workload.blocks);
     support::send_raw(http, &raw, true);
     let last = workload
         .blocks

@@ -6,7 +6,6 @@
 
 mod support;
 
-use alloy_eips::eip2718::Encodable2718;
 use overdrive_chain::Fork;
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use reth_provider::BlockNumReader;
@@ -37,18 +36,7 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
     let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
     let dir = support::temp_dir("state-root");
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
-    let raw = |blocks: &[overdrive_primitives::BlockWithSenders]| -> Vec<String> {
-        blocks
-            .iter()
-            .flat_map(|b| &b.transactions)
-            .map(|tx| {
-                format!(
-                    "0x{}",
-                    alloy_primitives::hex::encode(tx.inner().encoded_2718())
-                )
-            })
-            .collect()
-    };
+    let raw = support::raw_transactions;
     let last_of = |blocks: &[overdrive_primitives::BlockWithSenders]| {
         *blocks.last().unwrap().transactions.last().unwrap().hash()
     };

@@ -244,6 +244,22 @@ pub fn rpc_response(
     serde_json::from_str(&http(port, "/", Some(&body.to_string()))?).ok()
 }
 
+/// The blocks' transactions as `eth_sendRawTransaction` takes them (0x-hex EIP-2718), in
+/// block order.
+pub fn raw_transactions(blocks: &[overdrive_primitives::BlockWithSenders]) -> Vec<String> {
+    use alloy_eips::eip2718::Encodable2718;
+    blocks
+        .iter()
+        .flat_map(|b| &b.transactions)
+        .map(|tx| {
+            format!(
+                "0x{}",
+                alloy_primitives::hex::encode(tx.inner().encoded_2718())
+            )
+        })
+        .collect()
+}
+
 /// Sends raw transactions (0x-hex) with `eth_sendRawTransaction`, in JSON-RPC batches of 100;
 /// with `strict`, no transaction may be refused.
 pub fn send_raw(port: u16, raw: &[String], strict: bool) {
