@@ -93,6 +93,9 @@ pub struct LoadArgs {
     /// `--compare`: threads of overdrive's components.
     #[arg(long, default_value_t = 2, value_parser = super::positive)]
     threads: usize,
+    /// `--compare`: the component overdrive-reth runs.
+    #[arg(long, value_enum, default_value_t)]
+    component: Component,
     /// Directory for the report (report.json) and chart (*.svg).
     #[arg(long, default_value = "load-report")]
     out: PathBuf,
@@ -199,7 +202,7 @@ pub fn run(args: LoadArgs) -> eyre::Result<()> {
     let threads = args.threads.to_string();
     let mut reports = Vec::new();
     let pool = args.submit == Submit::Batch;
-    for (label, flags) in stock_and_overdrive(&threads, pool) {
+    for (label, flags) in stock_and_overdrive(args.component, &threads, pool) {
         let submit = if label == "stock" {
             Submit::Single
         } else {
@@ -271,13 +274,40 @@ fn reth_binary(given: Option<PathBuf>) -> eyre::Result<PathBuf> {
 /// the parallel executor, and when `pool` the batched pool with reth's sender recovery cache
 /// (the batch endpoint fills it, so the engine does not recover the senders of a payload
 /// again; reth's `eth_sendRawTransaction` does not fill it, so stock gains nothing from it).
-fn stock_and_overdrive(threads: &str, pool: bool) -> [(&'static str, Vec<&str>); 2] {
-    let mut overdrive = vec![
-        "--overdrive.exec",
-        "parallel",
-        "--overdrive.exec.threads",
-        threads,
-    ];
+/// Which of overdrive's components a comparison runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Component {
+    /// The parallel executor (`--overdrive.exec parallel`).
+    #[default]
+    Exec,
+    /// The state root (`--overdrive.state-root overdrive`).
+    StateRoot,
+}
+
+/// The two nodes of a comparison: stock reth, and overdrive-reth with `component` on
+/// `threads` threads (and `--overdrive.pool` with `pool`).
+fn stock_and_overdrive(
+    component: Component,
+    threads: &str,
+    pool: bool,
+) -> [(&'static str, Vec<&str>); 2] {
+    let mut overdrive = match component {
+        Component::Exec => vec![
+            "--overdrive.exec",
+            "parallel",
+            "--overdrive.exec.threads",
+            threads,
+        ],
+        Component::StateRoot => vec![
+            "--overdrive.state-root",
+            "overdrive",
+            "--overdrive.trie.threads",
+            threads,
+            // The trie's own split of each root (hashing, rows) and its dirty nodes.
+            "--log.stdout.filter",
+            "info,overdrive::state_root=debug",
+        ],
+    };
     if pool {
         overdrive.extend([
             "--overdrive.pool",

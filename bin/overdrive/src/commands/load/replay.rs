@@ -6,12 +6,12 @@
 //! it also compares each block's root time, from the engine's own log line for every root
 //! ("State root job finished", with the strategy that computed it).
 
-use super::{node, rpc::Rpc};
+use super::{Component, node, rpc::Rpc};
 use alloy_consensus::{Block, TxEnvelope};
 use alloy_primitives::B256;
 use alloy_rpc_types_engine::ExecutionPayloadV3;
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use eyre::{WrapErr, bail, eyre};
 use hmac::{Hmac, Mac};
 use overdrive_bench::round;
@@ -43,16 +43,6 @@ pub struct ReplayArgs {
     json: bool,
 }
 
-/// Which of overdrive's components the replay measures.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-enum Component {
-    /// The parallel executor (`--overdrive.exec parallel`).
-    #[default]
-    Exec,
-    /// The state root (`--overdrive.state-root overdrive`).
-    StateRoot,
-}
-
 /// One node's replay.
 struct Replayed {
     blocks: usize,
@@ -76,24 +66,7 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     let reth = super::reth_binary(args.reth_bin.clone())?;
     std::fs::create_dir_all(&args.out)?;
     let threads = args.threads.to_string();
-    let runs = match args.component {
-        Component::Exec => super::stock_and_overdrive(&threads, false),
-        Component::StateRoot => [
-            ("stock", Vec::new()),
-            (
-                "overdrive",
-                vec![
-                    "--overdrive.state-root",
-                    "overdrive",
-                    "--overdrive.trie.threads",
-                    &threads,
-                    // The trie's own split of each root (hashing, rows) and its dirty nodes.
-                    "--log.stdout.filter",
-                    "info,overdrive::state_root=debug",
-                ],
-            ),
-        ],
-    };
+    let runs = super::stock_and_overdrive(args.component, &threads, false);
     let mut results = Vec::new();
     for (label, flags) in runs {
         let datadir = args.out.join(format!("{label}-data"));

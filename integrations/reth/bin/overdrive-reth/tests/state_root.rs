@@ -2,7 +2,9 @@
 //! overdrive's trie, and the trie tables reth persists from its rows are the ones reth's own
 //! merkle stage builds from the same state — also when the node was killed with SIGKILL under
 //! load and started again (the restart rebuilds the trie from the database and checks its root
-//! against the head's header).
+//! against the head's header). The payload builder of a `--dev` node takes its roots from
+//! the same trie: on every workload, and over a token with a million storage slots, the blocks
+//! it builds validate with overdrive's roots and leave reth's trie rows.
 
 mod support;
 
@@ -10,7 +12,7 @@ use overdrive_chain::Fork;
 use overdrive_workload::{WorkloadConfig, WorkloadKind};
 use reth_provider::BlockNumReader;
 use std::time::Duration;
-use support::imports::{tail, trie_rows};
+use support::imports::{import, tail, trie_rows, write_blocks};
 
 fn wait_mined(http: u16, hash: alloy_primitives::B256) {
     support::wait_for(
@@ -33,25 +35,11 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
         ..WorkloadConfig::new(WorkloadKind::Uniswap)
     })
     .unwrap();
-    let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
-    let dir = support::temp_dir("state-root");
-    let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
+    let (dir, genesis) = write_genesis(&workload, "state-root");
     let raw = support::raw_transactions;
-    let last_of = |blocks: &[overdrive_primitives::BlockWithSenders]| {
-        *blocks.last().unwrap().transactions.last().unwrap().hash()
-    };
+    let last_of = last_transaction;
     let (first, second) = workload.blocks.split_at(5);
-    let flags = [
-        "--dev.block-time",
-        "1s",
-        "--overdrive.state-root",
-        "overdrive",
-        "--overdrive.trie.threads",
-        "2",
-        // Blocks persisted as soon as they are canonical: the kill finds some on disk.
-        "--engine.persistence-threshold",
-        "0",
-    ];
+    let flags = OVERDRIVE_ROOT;
 
     // The first half mined, then the node killed while it mines the second.
     let (http, metrics) = (support::free_port(), support::free_port());
@@ -72,7 +60,7 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
     // Started again: the trie is rebuilt from the database (its root checked against the
     // persisted head's), and what the kill lost is sent again (what was kept is refused).
     let (http, metrics) = (support::free_port(), support::free_port());
-    let mut node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
+    let node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
     let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
     let built = log
         .lines()
@@ -88,20 +76,235 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
         wait_mined(http, last_of(block));
     }
     std::thread::sleep(Duration::from_secs(2));
-    let page = support::http(metrics, "/", None).expect("the metrics endpoint answers");
-    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
-    let ours = support::counter(
-        &page,
-        "overdrive_state_root_blocks_total",
-        "root=\"overdrive\"",
+    let ours = assert_roots_from_overdrive(metrics, dir.path());
+    let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
+    assert!(head >= 10, "head {head}");
+    println!("head {head}; {ours} roots from overdrive's trie after the restart; {rows}");
+}
+
+/// Every workload, mined by a `--dev` node whose payload builder and engine both take their
+/// roots from overdrive's trie: the builder's root (from the transactions' state updates as
+/// they execute) is the one the engine validates (from reth's bundle), no block falls back to
+/// reth, and the trie tables equal reth's rebuild.
+#[test]
+fn every_workload_builds_and_validates_with_overdrives_roots() {
+    for kind in [
+        WorkloadKind::Transfer,
+        WorkloadKind::Erc20,
+        WorkloadKind::Uniswap,
+        WorkloadKind::Hybrid,
+        WorkloadKind::Chained,
+        WorkloadKind::Router,
+        WorkloadKind::Allowance,
+        WorkloadKind::Compute,
+        WorkloadKind::Exchange,
+    ] {
+        let workload = overdrive_workload::generate(&WorkloadConfig {
+            accounts: 200,
+            // Compute calls use 0.2-0.9 Mgas each.
+            txs_per_block: if kind == WorkloadKind::Compute {
+                15
+            } else {
+                60
+            },
+            blocks: 3,
+            pairs: 4,
+            ..WorkloadConfig::new(kind)
+        })
+        .unwrap();
+        let (dir, genesis) = write_genesis(&workload, &format!("state-root-{kind:?}"));
+        let (http, metrics) = (support::free_port(), support::free_port());
+        let node = support::dev_node(&genesis, dir.path(), http, metrics, &OVERDRIVE_ROOT);
+        support::send_raw(http, &support::raw_transactions(&workload.blocks), true);
+        wait_mined(http, last_transaction(&workload.blocks));
+        std::thread::sleep(Duration::from_secs(2));
+        let ours = assert_roots_from_overdrive(metrics, dir.path());
+        let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
+        println!("{kind:?}: head {head}; {ours} roots from overdrive's trie; {rows}");
+    }
+}
+
+/// A token with a million storage slots (one balance per account, from genesis) under the
+/// engine: the trie is built from a million-slot storage table at launch, and the blocks that
+/// move balances write the token's storage trie rows reth's merkle stage writes.
+#[test]
+fn a_million_slot_storage_trie_through_the_engine() {
+    let workload = overdrive_workload::generate(&WorkloadConfig {
+        accounts: 1_000_000,
+        txs_per_block: 1_000,
+        blocks: 2,
+        ..WorkloadConfig::new(WorkloadKind::Erc20)
+    })
+    .unwrap();
+    let (dir, genesis) = write_genesis(&workload, "state-root-million");
+    let raw = support::raw_transactions(&workload.blocks);
+    let last = last_transaction(&workload.blocks);
+    drop(workload);
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let node = support::dev_node_within(
+        &genesis,
+        dir.path(),
+        http,
+        metrics,
+        &OVERDRIVE_ROOT,
+        Duration::from_secs(600),
     );
+    support::send_raw(http, &raw, true);
+    wait_mined(http, last);
+    std::thread::sleep(Duration::from_secs(2));
+    let ours = assert_roots_from_overdrive(metrics, dir.path());
+    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
+    let built = log
+        .lines()
+        .find(|l| l.contains("Built overdrive's trie"))
+        .unwrap_or_else(|| panic!("no trie built:\n{}", tail(&log)));
+    assert!(built.contains("storage_tries="), "{built}");
+    let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
+    println!("head {head}; {ours} roots from overdrive's trie; {rows}; {built}");
+}
+
+/// A node whose pipeline backfills at launch (to the blocks an `import --no-state` stored)
+/// moves the database past the trie it built at launch: the engine's first block on top gets
+/// reth's root and is kept, the trie is rebuilt from the database in the background and
+/// follows it, and the blocks after it take overdrive's roots; the trie rows are reth's
+/// rebuild's.
+#[test]
+fn the_trie_catches_up_after_a_backfill() {
+    let workload = overdrive_workload::generate(&WorkloadConfig {
+        accounts: 300,
+        txs_per_block: 100,
+        blocks: 6,
+        pairs: 8,
+        ..WorkloadConfig::new(WorkloadKind::Uniswap)
+    })
+    .unwrap();
+    let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
+    let dir = support::temp_dir("state-root-backfill");
+    let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
+    let file = write_blocks(dir.path(), "chain.rlp", &chain.blocks[..4]);
+    let output = import(&genesis, &file, &dir.path().join("data"), &["--no-state"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        tail(&String::from_utf8_lossy(&output.stdout))
+    );
+
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let node = support::dev_node_within(
+        &genesis,
+        dir.path(),
+        http,
+        metrics,
+        &OVERDRIVE_ROOT,
+        Duration::from_secs(300),
+    );
+    support::send_raw(
+        http,
+        &support::raw_transactions(&workload.blocks[4..]),
+        true,
+    );
+    wait_mined(http, last_transaction(&workload.blocks));
+    let log_path = dir.path().join("node.log");
+    support::wait_for("the trie to catch up", Duration::from_secs(120), || {
+        std::fs::read_to_string(&log_path)
+            .ok()
+            .filter(|log| log.contains("overdrive's trie caught up with the chain"))
+    });
+    let count = |page: &str, root| {
+        support::counter(
+            page,
+            "overdrive_state_root_blocks_total",
+            &format!("root=\"{root}\""),
+        )
+    };
+    let page = support::wait_for(
+        "a root from the caught-up trie",
+        Duration::from_secs(60),
+        || support::http(metrics, "/", None).filter(|page| count(page, "overdrive") >= 1.0),
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(count(&page, "reth") >= 1.0, "{page}");
+    assert!(
+        !page.contains("overdrive_state_root_failures_total"),
+        "{page}\n{}",
+        tail(&log)
+    );
+    assert!(!log.contains("Invalid payload"), "{}", tail(&log));
+    let launch = log
+        .lines()
+        .find(|l| {
+            (l.contains("overdrive's trie") && l.contains("launch"))
+                || l.contains("Built overdrive's trie")
+        })
+        .unwrap_or_default()
+        .to_string();
+    let caught_up = log
+        .lines()
+        .find(|l| l.contains("caught up with the chain"))
+        .unwrap_or_default()
+        .to_string();
+    let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
+    assert!(head > 4, "head {head}");
+    println!(
+        "head {head}; {} roots from reth's strategy before the catch-up, {} from overdrive's trie after; {rows}\nat launch: {launch}\n{caught_up}",
+        count(&page, "reth"),
+        count(&page, "overdrive")
+    );
+}
+
+/// `node` flags of every test here: overdrive's state root on two threads, a block a second,
+/// and blocks persisted as soon as they are canonical (so that a kill finds some on disk).
+const OVERDRIVE_ROOT: [&str; 8] = [
+    "--dev.block-time",
+    "1s",
+    "--overdrive.state-root",
+    "overdrive",
+    "--overdrive.trie.threads",
+    "2",
+    "--engine.persistence-threshold",
+    "0",
+];
+
+/// A temporary folder holding the genesis of `workload`'s chain, and the genesis's path.
+fn write_genesis(
+    workload: &overdrive_workload::Workload,
+    label: &str,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let chain = overdrive_chain::build(workload, Fork::Prague).unwrap();
+    let dir = support::temp_dir(label);
+    let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
+    (dir, genesis)
+}
+
+fn last_transaction(blocks: &[overdrive_primitives::BlockWithSenders]) -> alloy_primitives::B256 {
+    *blocks.last().unwrap().transactions.last().unwrap().hash()
+}
+
+/// Asserts from the node's metrics and log that every block root since it started came from
+/// overdrive's trie, in the engine and in the payload builder, with no failure; returns how
+/// many blocks did.
+fn assert_roots_from_overdrive(metrics: u16, dir: &std::path::Path) -> f64 {
+    let page = support::http(metrics, "/", None).expect("the metrics endpoint answers");
+    let log = std::fs::read_to_string(dir.join("node.log")).unwrap();
+    let count = |name, root| support::counter(&page, name, &format!("root=\"{root}\""));
+    let ours = count("overdrive_state_root_blocks_total", "overdrive");
     assert!(
         ours >= 1.0,
         "no root from overdrive's trie:\n{page}\n{}",
         tail(&log)
     );
     assert_eq!(
-        support::counter(&page, "overdrive_state_root_blocks_total", "root=\"reth\""),
+        count("overdrive_state_root_blocks_total", "reth"),
+        0.0,
+        "{page}"
+    );
+    assert!(
+        count("overdrive_state_root_payloads_total", "overdrive") >= 1.0,
+        "no payload root from overdrive's trie:\n{page}\n{}",
+        tail(&log)
+    );
+    assert_eq!(
+        count("overdrive_state_root_payloads_total", "reth"),
         0.0,
         "{page}"
     );
@@ -110,26 +313,36 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
         "{page}"
     );
     assert!(log.contains("strategy=\"overdrive\""), "{}", tail(&log));
+    assert!(!log.contains("Invalid payload"), "{}", tail(&log));
+    ours
+}
 
-    // Stopped as an operator stops it, so that it persists what it holds.
+/// Stops the node as an operator does (so that it persists what it holds), then has reth's
+/// merkle stage rebuild the tries of the same head from the hashed state in a copy, and
+/// asserts that the trie tables the node wrote from overdrive's rows are the rebuild's, row for
+/// row. Returns the head and a line counting the rows.
+fn stop_and_compare_rows(
+    mut node: support::KillOnDrop,
+    genesis: &std::path::Path,
+    dir: &std::path::Path,
+) -> (u64, String) {
     // SAFETY: signalling a child process this test started.
     unsafe { libc::kill(node.0.id() as i32, libc::SIGTERM) };
-    let status = support::wait_for("the node to stop", Duration::from_secs(60), || {
+    let status = support::wait_for("the node to stop", Duration::from_secs(120), || {
         node.0.try_wait().unwrap()
     });
-    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
+    let log = std::fs::read_to_string(dir.join("node.log")).unwrap();
     assert!(status.success(), "{status}\n{}", tail(&log));
 
-    // reth's merkle stage rebuilds the tries of the same head from the hashed state, in a copy.
-    let datadir = dir.path().join("data");
-    let head = support::open(support::reth_spec(&genesis), &datadir)
+    let datadir = dir.join("data");
+    let head = support::open(support::reth_spec(genesis), &datadir)
         .provider()
         .unwrap()
         .best_block_number()
         .unwrap();
-    assert!(head >= 10, "head {head}");
-    let rows = trie_rows(&genesis, &datadir);
-    let rebuilt = dir.path().join("rebuilt");
+    assert!(head >= 1, "head {head}");
+    let rows = trie_rows(genesis, &datadir);
+    let rebuilt = dir.join("rebuilt");
     support::run_ok(
         std::process::Command::new("cp")
             .arg("-a")
@@ -139,7 +352,7 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
     let output = support::run_ok(
         support::overdrive_reth()
             .args(["stage", "run", "merkle", "--color", "never", "--chain"])
-            .arg(&genesis)
+            .arg(genesis)
             .arg("--datadir")
             .arg(&rebuilt)
             .args([
@@ -153,13 +366,8 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("Finished stage"), "{}", tail(&stdout));
-    let expected = trie_rows(&genesis, &rebuilt);
-    assert!(!expected.1.is_empty(), "no storage trie rows");
-    println!(
-        "head {head}; {ours} roots from overdrive's trie after the restart; {} account and {} storage trie rows",
-        rows.0.len(),
-        rows.1.len()
-    );
+    let expected = trie_rows(genesis, &rebuilt);
+    assert!(!expected.0.is_empty(), "no account trie rows");
     assert!(
         rows.0 == expected.0,
         "the account trie rows differ from reth's rebuild"
@@ -168,4 +376,13 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
         rows.1 == expected.1,
         "the storage trie rows differ from reth's rebuild"
     );
+    let _ = std::fs::remove_dir_all(&rebuilt);
+    (
+        head,
+        format!(
+            "{} account and {} storage trie rows as reth's rebuild",
+            rows.0.len(),
+            rows.1.len()
+        ),
+    )
 }

@@ -306,6 +306,18 @@ pub fn off_network() -> Vec<String> {
 /// `overdrive-reth node --dev` on `genesis` with `flags`, its JSON-RPC on `http` and its
 /// metrics on `metrics`, logging to `dir/node.log`; returns once the RPC answers.
 pub fn dev_node(genesis: &Path, dir: &Path, http: u16, metrics: u16, flags: &[&str]) -> KillOnDrop {
+    dev_node_within(genesis, dir, http, metrics, flags, Duration::from_secs(60))
+}
+
+/// [`dev_node`], waiting up to `timeout` for the RPC (a large genesis takes a while to write).
+pub fn dev_node_within(
+    genesis: &Path,
+    dir: &Path,
+    http: u16,
+    metrics: u16,
+    flags: &[&str],
+    timeout: Duration,
+) -> KillOnDrop {
     let log = std::fs::File::create(dir.join("node.log")).unwrap();
     let node = KillOnDrop(
         overdrive_reth()
@@ -323,7 +335,7 @@ pub fn dev_node(genesis: &Path, dir: &Path, http: u16, metrics: u16, flags: &[&s
             .spawn()
             .unwrap(),
     );
-    wait_for("the node's RPC", Duration::from_secs(60), || {
+    wait_for("the node's RPC", timeout, || {
         rpc(http, "eth_blockNumber", serde_json::json!([]))
     });
     node

@@ -7,10 +7,19 @@
 //! [`StateRootConfig::blocks_kept`] blocks before it, gets its root from the trie (stepped back
 //! to the parent first with the undo batches of [`StateTrie::undo_of`]), and reth gets the trie
 //! rows to persist from [`CompactTrie::commit`] as its `TrieUpdates`. Any other block (a
-//! fork from further back) goes to reth's own strategy. A root that differs from the block
-//! header's is checked with reth's synchronous root before the block is judged: if reth's
-//! matches the header, reth's is used and overdrive's trie is dropped for the rest of the run,
-//! with an error in the log; so is the trie after any error of its own.
+//! fork from further back, or every block after a pipeline backfill moved the database past
+//! the trie) gets reth's synchronous root and is kept: a trie rebuilt from the database on a
+//! thread of its own then follows the kept blocks up to the newest and takes over
+//! (`catch_up`). A root that differs from the block header's is checked with reth's
+//! synchronous root before the block is judged: if reth's matches the header, reth's is used
+//! and overdrive's trie is dropped for the rest of the run (reth's own strategy takes every
+//! block), with an error in the log; so is the trie after any error of its own.
+//!
+//! The payload builder gets its roots from the same trie when it builds on the trie's block
+//! (`payload`): the state updates of each executed transaction are folded as they
+//! come, and the root is computed when execution ends, without moving the trie. A built block
+//! is validated like any other (its state from reth's bundle, not from the builder's stream),
+//! so a root the two disagree on is an invalid block, never a wrong database.
 
 use alloy_consensus::BlockHeader;
 use alloy_primitives::{B256, KECCAK256_EMPTY as KECCAK_EMPTY};
@@ -25,7 +34,7 @@ use reth_engine_tree::tree::{
     state_root_strategy::{
         DefaultStateRootStrategy, LazyHashedPostState, PayloadStateRootHandle,
         PayloadStateRootJobContext, PreparedStateRootJob, StateRootJob, StateRootJobContext,
-        StateRootJobOutcome, StateRootStrategy,
+        StateRootJobOutcome, StateRootStrategy, StateRootUpdateStream,
     },
 };
 use reth_ethereum_primitives::EthPrimitives;
@@ -48,12 +57,23 @@ use reth_trie::{
 };
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
     time::Instant,
 };
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::OverdriveNode;
+use catch_up::{CatchUp, Missed};
+use payload::PayloadRootSink;
+
+mod catch_up;
+mod payload;
+#[cfg(test)]
+mod tests;
 
 const TARGET: &str = "overdrive::state_root";
 
@@ -125,66 +145,153 @@ impl Tip {
         self.block = block;
         Ok(rows)
     }
+
+    /// The rows `output` would write over the trie's block, leaving the trie where it is (it is
+    /// committed and taken back).
+    fn rows_of(&mut self, output: &StateRootOutput) -> Result<CompactUpdates, TrieError> {
+        let (rows, undo) = self.trie.commit_with_undo(output)?;
+        self.trie.commit(&undo)?;
+        Ok(rows)
+    }
+}
+
+/// Builds overdrive's trie of the database's head.
+type Rebuild = Box<dyn Fn() -> eyre::Result<Tip> + Send + Sync>;
+
+/// What the strategy and its jobs share.
+struct Shared {
+    /// overdrive's trie; `None` once it failed, or while none could be built.
+    tip: Mutex<Option<Tip>>,
+    /// The trie failed: none is trusted again in this run.
+    failed: AtomicBool,
+    catch_up: Mutex<CatchUp>,
+    rebuild: Rebuild,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("tip", &self.tip)
+            .field("failed", &self.failed)
+            .field("catch_up", &self.catch_up)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn new(tip: Option<Tip>, rebuild: Rebuild) -> Self {
+        Self {
+            tip: Mutex::new(tip),
+            failed: AtomicBool::new(false),
+            catch_up: Mutex::default(),
+            rebuild,
+        }
+    }
+
+    fn tip(&self) -> std::sync::MutexGuard<'_, Option<Tip>> {
+        self.tip.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn catch_up(&self) -> std::sync::MutexGuard<'_, CatchUp> {
+        self.catch_up.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Drops overdrive's trie, so that reth's strategy takes every block from now on: it
+    /// failed on `block`, and no root of it is trusted again in this run.
+    fn give_up(&self, tip: &mut Option<Tip>, block: B256, why: &str) {
+        error!(
+            target: TARGET,
+            %block,
+            why,
+            "overdrive's state root failed: reth's root is used, and overdrive's trie is dropped for the rest of the run"
+        );
+        metrics::counter!("overdrive_state_root_failures_total").increment(1);
+        self.failed.store(true, Ordering::Relaxed);
+        *tip = None;
+    }
 }
 
 /// The strategy: overdrive's trie for blocks whose parent it reaches, reth's otherwise.
 #[derive(Debug)]
 pub struct OverdriveStateRoot {
     default: DefaultStateRootStrategy,
-    /// `None` once the trie failed.
-    tip: Arc<Mutex<Option<Tip>>>,
+    shared: Arc<Shared>,
 }
 
 impl OverdriveStateRoot {
     /// Builds the trie of the database's head from reth's hashed state tables and checks its
-    /// root against the head's header.
-    pub fn load<F>(factory: &F, config: StateRootConfig) -> eyre::Result<Self>
+    /// root against the head's header. When that fails (a pipeline stopped between its hashing
+    /// and merkle stages leaves hashed tables ahead of the head), the node starts without a
+    /// trie. Then, as whenever the trie no longer reaches the chain (after a pipeline backfill,
+    /// or a reorg deeper than the blocks it keeps), the strategy builds it again from `factory`
+    /// in the background once the engine validates blocks.
+    pub fn load<F>(factory: F, config: StateRootConfig) -> Self
     where
-        F: DatabaseProviderFactory<Provider: DBProvider + BlockNumReader + HeaderProvider>,
+        F: DatabaseProviderFactory<Provider: DBProvider + BlockNumReader + HeaderProvider>
+            + Send
+            + Sync
+            + 'static,
     {
-        let started = Instant::now();
-        let provider = factory.database_provider_ro()?;
-        let head = provider.best_block_number()?;
-        let header = provider
-            .sealed_header(head)?
-            .ok_or(ProviderError::HeaderNotFound(head.into()))?;
-        info!(target: TARGET, head, "Building overdrive's trie from the hashed state");
-        let state = read_hashed_state(provider.tx_ref())?;
-        let (accounts, storages) = (state.accounts.len(), state.storages.len());
-        let mut trie = StateTrie::new(
-            overdrive_trie::MemNodeStore::new(),
-            TrieConfig::with_threads(config.threads),
-        )?;
-        let output = trie.apply(&state)?;
-        drop(state);
-        if output.root != header.state_root() {
-            eyre::bail!(
-                "overdrive's trie of block {head} has root {}, the header says {}: the database's hashed state and its head disagree",
-                output.root,
-                header.state_root()
-            );
-        }
-        info!(
-            target: TARGET,
-            head,
-            accounts,
-            storage_tries = storages,
-            nodes = trie.store().len(),
-            memory_mb = trie.store().heap_bytes() >> 20,
-            elapsed = ?started.elapsed(),
-            "Built overdrive's trie"
-        );
-        let tip = Tip {
-            block: header.hash(),
-            trie: CompactTrie::new(trie),
-            undo: VecDeque::new(),
-            limit: config.blocks_kept,
-        };
-        Ok(Self {
+        let tip = build_tip(&factory, config)
+            .inspect_err(|error| {
+                warn!(target: TARGET, %error, "Could not build overdrive's trie at launch: reth's state root until it is rebuilt");
+            })
+            .ok();
+        Self {
             default: DefaultStateRootStrategy::default(),
-            tip: Arc::new(Mutex::new(Some(tip))),
-        })
+            shared: Arc::new(Shared::new(
+                tip,
+                Box::new(move || build_tip(&factory, config)),
+            )),
+        }
     }
+}
+
+/// overdrive's trie of the database's head, built from reth's hashed state tables, its root
+/// checked against the head's header.
+fn build_tip<F>(factory: &F, config: StateRootConfig) -> eyre::Result<Tip>
+where
+    F: DatabaseProviderFactory<Provider: DBProvider + BlockNumReader + HeaderProvider>,
+{
+    let started = Instant::now();
+    let provider = factory.database_provider_ro()?;
+    let head = provider.best_block_number()?;
+    let header = provider
+        .sealed_header(head)?
+        .ok_or(ProviderError::HeaderNotFound(head.into()))?;
+    info!(target: TARGET, head, "Building overdrive's trie from the hashed state");
+    let state = read_hashed_state(provider.tx_ref())?;
+    drop(provider);
+    let (accounts, storages) = (state.accounts.len(), state.storages.len());
+    let mut trie = StateTrie::new(
+        overdrive_trie::MemNodeStore::new(),
+        TrieConfig::with_threads(config.threads),
+    )?;
+    let output = trie.apply(&state)?;
+    drop(state);
+    if output.root != header.state_root() {
+        eyre::bail!(
+            "overdrive's trie of block {head} has root {}, the header says {}: the database's hashed state and its head disagree",
+            output.root,
+            header.state_root()
+        );
+    }
+    info!(
+        target: TARGET,
+        head,
+        accounts,
+        storage_tries = storages,
+        nodes = trie.store().len(),
+        memory_mb = trie.store().heap_bytes() >> 20,
+        elapsed = ?started.elapsed(),
+        "Built overdrive's trie"
+    );
+    Ok(Tip {
+        block: header.hash(),
+        trie: CompactTrie::new(trie),
+        undo: VecDeque::new(),
+        limit: config.blocks_kept,
+    })
 }
 
 /// Every account and slot of the hashed state tables, as one diff over an empty trie.
@@ -290,19 +397,22 @@ where
     ) -> ProviderResult<PreparedStateRootJob<N>> {
         let parent = ctx.env().parent_hash;
         let reached = self
-            .tip
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .shared
+            .tip()
             .as_ref()
             .is_some_and(|tip| tip.reaches(parent));
         if !reached {
+            if self.shared.failed.load(Ordering::Relaxed) {
+                metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth")
+                    .increment(1);
+                return self.default.prepare(ctx);
+            }
+            // reth's synchronous root, the block kept for a rebuilt trie to follow.
             debug!(target: TARGET, %parent, "overdrive's trie does not reach the parent: reth's state root");
-            metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth").increment(1);
-            return self.default.prepare(ctx);
         }
         let job = OverdriveRootJob {
             parent,
-            tip: self.tip.clone(),
+            shared: self.shared.clone(),
             provider_builder: ctx.provider_builder(),
         };
         Ok(PreparedStateRootJob::new(Box::new(job), None))
@@ -312,14 +422,40 @@ where
         &self,
         ctx: PayloadStateRootJobContext<'_, N, P>,
     ) -> ProviderResult<Option<PayloadStateRootHandle>> {
-        self.default.prepare_payload_builder(ctx)
+        let parent = ctx.parent_hash();
+        // Only on the trie's own block: stepping the trie back for a payload would lose the
+        // blocks the engine validated after the parent.
+        let at_parent = self
+            .shared
+            .tip()
+            .as_ref()
+            .is_some_and(|tip| tip.block == parent);
+        if !at_parent {
+            metrics::counter!("overdrive_state_root_payloads_total", "root" => "reth").increment(1);
+            return self.default.prepare_payload_builder(ctx);
+        }
+        let (sender, receiver) = mpsc::channel();
+        let sink = PayloadRootSink {
+            parent,
+            shared: self.shared.clone(),
+            folded: Mutex::default(),
+            result: Mutex::new(Some(sender)),
+        };
+        let hook = StateRootUpdateStream::new(Arc::new(sink)).into_state_hook();
+        Ok(Some(PayloadStateRootHandle::new(
+            "overdrive",
+            Some(hook),
+            receiver,
+            None,
+        )))
     }
 }
 
-/// One block's root from overdrive's trie, brought to its parent.
+/// One block's root from overdrive's trie, brought to its parent; reth's synchronous root
+/// when the trie does not reach the parent (the block then kept for a rebuilt trie).
 struct OverdriveRootJob<N: NodePrimitives, P> {
     parent: B256,
-    tip: Arc<Mutex<Option<Tip>>>,
+    shared: Arc<Shared>,
     provider_builder: StateProviderBuilder<N, P>,
 }
 
@@ -334,19 +470,6 @@ where
         + TryIntoHistoricalStateProvider
         + 'static,
 {
-    /// Drops overdrive's trie, so that reth's strategy takes every block from now on: it
-    /// failed on `block`, and no root of it is trusted again in this run.
-    fn give_up(tip: &mut Option<Tip>, block: B256, why: &str) {
-        error!(
-            target: TARGET,
-            %block,
-            why,
-            "overdrive's state root failed: reth's root is used, and overdrive's trie is dropped for the rest of the run"
-        );
-        metrics::counter!("overdrive_state_root_failures_total").increment(1);
-        *tip = None;
-    }
-
     /// reth's synchronous root over the parent's state (what reth's strategy computes on a
     /// machine too small for its sparse-trie task).
     fn reths(&self, state: &HashedPostState) -> ProviderResult<StateRootJobOutcome> {
@@ -383,47 +506,60 @@ where
             metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth").increment(1);
             job.reths(state)
         };
-        let shared = self.tip.clone();
-        let mut guard = shared.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(tip) = guard.as_mut() else {
-            // Dropped since `prepare` (it failed on another block).
-            return reths(self);
+        let shared = self.shared.clone();
+        let mut guard = shared.tip();
+        let ours = match guard.as_mut() {
+            Some(tip) => tip.rewind_to(self.parent).and_then(|reached| {
+                if !reached {
+                    return Ok(None);
+                }
+                let started = Instant::now();
+                let output = tip.trie.trie().compute(&changes(state))?;
+                if output.root != expected {
+                    return Ok(Some(Err(output.root)));
+                }
+                let computed = started.elapsed();
+                let rows = tip.advance(block.hash(), &output)?;
+                debug!(
+                    target: TARGET,
+                    block = %block.hash(),
+                    dirty_nodes = output.stats.dirty_nodes,
+                    keccak_calls = output.stats.keccak_calls,
+                    compute = ?computed,
+                    rows = ?started.elapsed().saturating_sub(computed),
+                    "overdrive's state root"
+                );
+                Ok(Some(Ok((output.root, rows))))
+            }),
+            // Failed since `prepare`, or not built yet.
+            None => Ok(None),
         };
-        let ours = tip.rewind_to(self.parent).and_then(|reached| {
-            if !reached {
-                return Ok(None);
-            }
-            let started = Instant::now();
-            let output = tip.trie.trie().compute(&changes(state))?;
-            if output.root != expected {
-                return Ok(Some(Err(output.root)));
-            }
-            let computed = started.elapsed();
-            let rows = tip.advance(block.hash(), &output)?;
-            debug!(
-                target: TARGET,
-                block = %block.hash(),
-                dirty_nodes = output.stats.dirty_nodes,
-                keccak_calls = output.stats.keccak_calls,
-                compute = ?computed,
-                rows = ?started.elapsed().saturating_sub(computed),
-                "overdrive's state root"
-            );
-            Ok(Some(Ok((output.root, rows))))
-        });
         match ours {
             Ok(Some(Ok((root, rows)))) => {
                 metrics::counter!("overdrive_state_root_blocks_total", "root" => "overdrive")
                     .increment(1);
                 Ok(StateRootJobOutcome::new(root, Arc::new(trie_updates(rows))))
             }
-            Ok(None) => reths(self),
+            Ok(None) => {
+                drop(guard);
+                let reths = reths(self)?;
+                if reths.state_root == expected && !shared.failed.load(Ordering::Relaxed) {
+                    shared.catch_up().record(Missed {
+                        block: block.hash(),
+                        parent: self.parent,
+                        root: expected,
+                        changes: changes(state),
+                    });
+                    shared.catch_up_in_background();
+                }
+                Ok(reths)
+            }
             Ok(Some(Err(root))) => {
                 let reths = reths(self)?;
                 // A root that reth's count gets wrong too is an invalid block, and the trie
                 // stays at the parent; otherwise overdrive's trie is wrong.
                 if reths.state_root == expected {
-                    Self::give_up(
+                    shared.give_up(
                         &mut guard,
                         block.hash(),
                         &format!("its root {root} differs from reth's"),
@@ -432,7 +568,7 @@ where
                 Ok(reths)
             }
             Err(error) => {
-                Self::give_up(&mut guard, block.hash(), &error.to_string());
+                shared.give_up(&mut guard, block.hash(), &error.to_string());
                 drop(guard);
                 reths(self)
             }
@@ -445,6 +581,14 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         "overdrive_state_root_blocks_total",
         "Blocks whose state root the engine took from overdrive's trie or from reth's strategy, by `root`"
+    );
+    metrics::describe_counter!(
+        "overdrive_state_root_payloads_total",
+        "Payloads whose state root the builder took from overdrive's trie or from reth's, by `root`"
+    );
+    metrics::describe_counter!(
+        "overdrive_state_root_catch_ups_total",
+        "Times overdrive's trie was rebuilt from the database and caught up with the chain, after it stopped reaching it"
     );
     metrics::describe_counter!(
         "overdrive_state_root_failures_total",
@@ -494,8 +638,7 @@ where
         };
         let provider = ctx.node.provider().clone();
         let strategy =
-            tokio::task::spawn_blocking(move || OverdriveStateRoot::load(&provider, config))
-                .await??;
+            tokio::task::spawn_blocking(move || OverdriveStateRoot::load(provider, config)).await?;
         let strategy: Arc<dyn StateRootStrategy<EthPrimitives, N::Provider, N::Evm>> =
             Arc::new(strategy);
         Ok(validator.with_state_root_strategy(strategy))

@@ -1,0 +1,316 @@
+//! The strategy's parts without a node: the payload builder's root, the catch-up.
+
+use super::*;
+use alloy_primitives::{Address, U256, keccak256};
+use reth_engine_tree::tree::state_root_strategy::{
+    StateRootComputeOutcome, StateRootSink, StateRootTaskError,
+};
+use revm::state::{Account, AccountInfo, EvmStorageSlot, TransactionId};
+
+const TIP: B256 = B256::repeat_byte(1);
+
+fn slot(n: u64) -> U256 {
+    U256::from(n)
+}
+
+fn hashed_slot(n: u64) -> B256 {
+    keccak256(slot(n).to_be_bytes::<32>())
+}
+
+fn info(nonce: u64, balance: u64) -> AccountInfo {
+    AccountInfo {
+        nonce,
+        balance: U256::from(balance),
+        ..AccountInfo::default()
+    }
+}
+
+fn hashed(info: &AccountInfo) -> HashedAccount {
+    HashedAccount {
+        nonce: info.nonce,
+        balance: info.balance,
+        code_hash: info.code_hash,
+    }
+}
+
+/// Forty accounts, each with slot 1 set, as the trie of block `TIP`.
+fn genesis() -> HashedStateChanges {
+    let mut state = HashedStateChanges::default();
+    for i in 0..40u8 {
+        let address = keccak256(Address::with_last_byte(i));
+        state
+            .accounts
+            .insert(address, Some(hashed(&info(u64::from(i), 1000))));
+        state
+            .storages
+            .entry(address)
+            .or_default()
+            .slots
+            .insert(hashed_slot(1), U256::from(i) + U256::from(1));
+    }
+    state
+}
+
+fn trie_of(state: &HashedStateChanges) -> StateTrie {
+    let mut trie = StateTrie::new(
+        overdrive_trie::MemNodeStore::new(),
+        TrieConfig::with_threads(2),
+    )
+    .unwrap();
+    trie.apply(state).unwrap();
+    trie
+}
+
+/// The trie of [`genesis`] as block `block`'s.
+fn tip_at(block: B256) -> Tip {
+    Tip {
+        block,
+        trie: CompactTrie::new(trie_of(&genesis())),
+        undo: VecDeque::new(),
+        limit: 16,
+    }
+}
+
+fn shared(tip: Tip) -> Arc<Shared> {
+    Arc::new(Shared::new(Some(tip), Box::new(|| Ok(tip_at(TIP)))))
+}
+
+fn sink(
+    tip_block: B256,
+) -> (
+    PayloadRootSink,
+    mpsc::Receiver<Result<StateRootComputeOutcome, StateRootTaskError>>,
+) {
+    let tip = tip_at(tip_block);
+    let (sender, receiver) = mpsc::channel();
+    let sink = PayloadRootSink {
+        parent: TIP,
+        shared: shared(tip),
+        folded: Mutex::default(),
+        result: Mutex::new(Some(sender)),
+    };
+    (sink, receiver)
+}
+
+/// A transaction's update of `address`: its info from `before` to `after`, and `slots`
+/// (slot, old, new) written.
+fn touched(before: AccountInfo, after: AccountInfo, slots: &[(u64, u64, u64)]) -> Account {
+    let mut account = Account::default().with_info(before);
+    account.set_current_info_as_original();
+    account
+        .with_info(after)
+        .with_storage(slots.iter().map(|&(key, old, new)| {
+            (
+                slot(key),
+                EvmStorageSlot::new_changed(U256::from(old), U256::from(new), TransactionId::ZERO),
+            )
+        }))
+        .with_touched_mark()
+}
+
+/// The builder's stream of two transactions gives the root and rows of their changes
+/// folded, applied to the parent's trie, and leaves the trie at the parent.
+#[test]
+fn payload_root_folds_each_transactions_updates() {
+    let (sink, receiver) = sink(TIP);
+    let (a, b) = (Address::with_last_byte(3), Address::with_last_byte(7));
+    // A new account and a slot deleted, then `a` written again.
+    let fresh = Address::with_last_byte(200);
+    sink.on_state_update(
+        [
+            (
+                a,
+                touched(info(3, 1000), info(4, 900), &[(1, 4, 9), (2, 0, 5)]),
+            ),
+            (fresh, touched(AccountInfo::default(), info(0, 100), &[])),
+            (b, touched(info(7, 1000), info(7, 1000), &[(1, 8, 0)])),
+        ]
+        .into_iter()
+        .collect(),
+    );
+    sink.on_state_update(
+        [(a, touched(info(4, 900), info(5, 800), &[(2, 5, 6)]))]
+            .into_iter()
+            .collect(),
+    );
+    sink.on_updates_finished();
+    let outcome = receiver.recv().unwrap().unwrap();
+
+    let mut expected = genesis();
+    let (ha, hb) = (keccak256(a), keccak256(b));
+    expected.accounts.insert(ha, Some(hashed(&info(5, 800))));
+    expected
+        .accounts
+        .insert(keccak256(fresh), Some(hashed(&info(0, 100))));
+    expected.storages.get_mut(&ha).unwrap().slots.extend([
+        (hashed_slot(1), U256::from(9)),
+        (hashed_slot(2), U256::from(6)),
+    ]);
+    expected
+        .storages
+        .get_mut(&hb)
+        .unwrap()
+        .slots
+        .remove(&hashed_slot(1));
+    let mut reference = CompactTrie::new(trie_of(&genesis()));
+    let changed = reference
+        .trie()
+        .compute(&changes_between(&genesis(), &expected))
+        .unwrap();
+    assert_eq!(outcome.state_root, trie_of(&expected).root());
+    assert_eq!(outcome.state_root, changed.root);
+    assert_eq!(
+        *outcome.trie_updates,
+        trie_updates(reference.commit(&changed).unwrap())
+    );
+    let tip = sink.shared.tip();
+    let tip = tip.as_ref().unwrap();
+    assert_eq!(tip.block, TIP);
+    assert_eq!(tip.trie.trie().root(), trie_of(&genesis()).root());
+}
+
+/// An account destroyed by one transaction and created again by the next keeps only the
+/// storage written after the re-creation.
+#[test]
+fn payload_root_wipes_a_destroyed_accounts_storage() {
+    let (sink, receiver) = sink(TIP);
+    let a = Address::with_last_byte(5);
+    let mut destroyed = touched(info(5, 1000), AccountInfo::default(), &[]);
+    destroyed.mark_selfdestruct();
+    sink.on_state_update([(a, destroyed)].into_iter().collect());
+    sink.on_state_update(
+        [(a, touched(AccountInfo::default(), info(1, 0), &[(3, 0, 7)]))]
+            .into_iter()
+            .collect(),
+    );
+    sink.on_updates_finished();
+    let outcome = receiver.recv().unwrap().unwrap();
+
+    let mut expected = genesis();
+    let ha = keccak256(a);
+    expected.accounts.insert(ha, Some(hashed(&info(1, 0))));
+    expected.storages.insert(
+        ha,
+        HashedStorageChanges {
+            wiped: false,
+            slots: [(hashed_slot(3), U256::from(7))].into_iter().collect(),
+        },
+    );
+    assert_eq!(outcome.state_root, trie_of(&expected).root());
+}
+
+/// A trie the engine moved on from the payload's parent gives no root: the builder then
+/// computes reth's.
+#[test]
+fn payload_root_refuses_a_trie_past_the_parent() {
+    let (sink, receiver) = sink(B256::repeat_byte(2));
+    sink.on_updates_finished();
+    assert!(receiver.recv().unwrap().is_err());
+    // One answer only, however often the stream is finished.
+    sink.on_updates_finished();
+    assert!(receiver.recv().is_err());
+}
+
+/// A missed block over `state` (a full state, updated): account `n`'s nonce set.
+fn missed(block: u8, parent: B256, state: &mut HashedStateChanges, n: u8, nonce: u64) -> Missed {
+    let mut changes = HashedStateChanges::default();
+    changes.accounts.insert(
+        keccak256(Address::with_last_byte(n)),
+        Some(hashed(&info(nonce, 1))),
+    );
+    state.extend(changes.clone());
+    Missed {
+        block: B256::repeat_byte(block),
+        parent,
+        root: trie_of(state).root(),
+        changes,
+    }
+}
+
+/// Blocks 1 and 3 on the trie's block, a fork 2 beside them.
+fn chain_and_fork() -> (VecDeque<Missed>, HashedStateChanges) {
+    let (mut main, mut fork) = (genesis(), genesis());
+    let first = missed(0x11, TIP, &mut main, 1, 100);
+    let side = missed(0x22, TIP, &mut fork, 2, 200);
+    let second = missed(0x33, first.block, &mut main, 3, 300);
+    ([first, side, second].into_iter().collect(), main)
+}
+
+/// A trie rebuilt at the database's head follows the newest missed block's ancestry (not
+/// the fork beside it) and replaces the trie, which then steps back over those blocks too.
+#[test]
+fn a_rebuilt_trie_follows_the_newest_blocks_ancestry() {
+    let shared = shared(tip_at(B256::repeat_byte(9)));
+    let (missed, state) = chain_and_fork();
+    shared.catch_up().missed = missed;
+    assert!(shared.catch_up().start());
+    assert!(!shared.catch_up().start(), "one rebuild at a time");
+    shared.install((shared.rebuild)(), Instant::now());
+    let tip = shared.tip();
+    let tip = tip.as_ref().unwrap();
+    assert_eq!(tip.block, B256::repeat_byte(0x33));
+    assert_eq!(tip.trie.trie().root(), trie_of(&state).root());
+    assert!(tip.reaches(B256::repeat_byte(0x11)) && tip.reaches(TIP));
+    let catch_up = shared.catch_up();
+    assert!(catch_up.missed.is_empty() && !catch_up.running);
+    assert!(!shared.failed.load(Ordering::Relaxed));
+}
+
+/// A rebuilt trie that cannot reach the newest missed block leaves the trie it would
+/// replace, and the missed blocks for the next rebuild; one whose root differs from a
+/// missed block's header is a failed trie.
+#[test]
+fn a_rebuilt_trie_is_installed_only_when_it_reaches_the_newest_block() {
+    let old = B256::repeat_byte(9);
+    let shared = shared(tip_at(old));
+    let (mut missed, _) = chain_and_fork();
+    missed.pop_front();
+    shared.catch_up().missed = missed;
+    shared.install((shared.rebuild)(), Instant::now());
+    assert_eq!(shared.tip().as_ref().unwrap().block, old);
+    assert_eq!(shared.catch_up().missed.len(), 2);
+
+    let (mut missed, _) = chain_and_fork();
+    missed.back_mut().unwrap().root = B256::repeat_byte(7);
+    shared.catch_up().missed = missed;
+    shared.install((shared.rebuild)(), Instant::now());
+    assert!(shared.tip().is_none());
+    assert!(shared.failed.load(Ordering::Relaxed));
+    // No rebuild starts once the trie failed.
+    shared.catch_up_in_background();
+    assert!(!shared.catch_up().running);
+}
+
+/// The diff that takes the full state `before` to the full state `after`.
+fn changes_between(before: &HashedStateChanges, after: &HashedStateChanges) -> HashedStateChanges {
+    let mut diff = HashedStateChanges::default();
+    for (address, account) in &after.accounts {
+        if before.accounts.get(address) != Some(account) {
+            diff.accounts.insert(*address, *account);
+        }
+    }
+    for (address, storage) in &after.storages {
+        let old = before.storages.get(address);
+        let mut slots: alloy_primitives::map::B256Map<U256> = storage
+            .slots
+            .iter()
+            .filter(|(slot, value)| old.and_then(|o| o.slots.get(*slot)) != Some(*value))
+            .map(|(slot, value)| (*slot, *value))
+            .collect();
+        if let Some(old) = old {
+            for slot in old.slots.keys().filter(|s| !storage.slots.contains_key(*s)) {
+                slots.insert(*slot, U256::ZERO);
+            }
+        }
+        if !slots.is_empty() {
+            diff.storages.insert(
+                *address,
+                HashedStorageChanges {
+                    wiped: false,
+                    slots,
+                },
+            );
+        }
+    }
+    diff
+}
