@@ -113,11 +113,7 @@ fn every_workload_builds_and_validates_with_overdrives_roots() {
         })
         .unwrap();
         let (dir, genesis) = write_genesis(&workload, &format!("state-root-{kind:?}"));
-        let (http, metrics) = (support::free_port(), support::free_port());
-        let node = support::dev_node(&genesis, dir.path(), http, metrics, &OVERDRIVE_ROOT);
-        support::send_raw(http, &support::raw_transactions(&workload.blocks), true);
-        wait_mined(http, last_transaction(&workload.blocks));
-        std::thread::sleep(Duration::from_secs(2));
+        let (node, metrics) = mine(&genesis, dir.path(), &workload.blocks, 60);
         let ours = assert_roots_from_overdrive(metrics, dir.path());
         let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
         println!("{kind:?}: head {head}; {ours} roots from overdrive's trie; {rows}");
@@ -137,21 +133,9 @@ fn a_million_slot_storage_trie_through_the_engine() {
     })
     .unwrap();
     let (dir, genesis) = write_genesis(&workload, "state-root-million");
-    let raw = support::raw_transactions(&workload.blocks);
-    let last = last_transaction(&workload.blocks);
+    // Writing the genesis of a million accounts takes the node a while.
+    let (node, metrics) = mine(&genesis, dir.path(), &workload.blocks, 600);
     drop(workload);
-    let (http, metrics) = (support::free_port(), support::free_port());
-    let node = support::dev_node_within(
-        &genesis,
-        dir.path(),
-        http,
-        metrics,
-        &OVERDRIVE_ROOT,
-        Duration::from_secs(600),
-    );
-    support::send_raw(http, &raw, true);
-    wait_mined(http, last);
-    std::thread::sleep(Duration::from_secs(2));
     let ours = assert_roots_from_overdrive(metrics, dir.path());
     let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
     let built = log
@@ -189,21 +173,8 @@ fn the_trie_catches_up_after_a_backfill() {
         tail(&String::from_utf8_lossy(&output.stdout))
     );
 
-    let (http, metrics) = (support::free_port(), support::free_port());
-    let node = support::dev_node_within(
-        &genesis,
-        dir.path(),
-        http,
-        metrics,
-        &OVERDRIVE_ROOT,
-        Duration::from_secs(300),
-    );
-    support::send_raw(
-        http,
-        &support::raw_transactions(&workload.blocks[4..]),
-        true,
-    );
-    wait_mined(http, last_transaction(&workload.blocks));
+    // The node first backfills the stored blocks (its pipeline, at launch).
+    let (node, metrics) = mine(&genesis, dir.path(), &workload.blocks[4..], 300);
     let log_path = dir.path().join("node.log");
     support::wait_for("the trie to catch up", Duration::from_secs(120), || {
         std::fs::read_to_string(&log_path)
@@ -264,6 +235,31 @@ const OVERDRIVE_ROOT: [&str; 8] = [
     "--engine.persistence-threshold",
     "0",
 ];
+
+/// Starts a `--dev` node with overdrive's state root on `genesis` (waiting up to `startup`
+/// seconds for its RPC), sends it the transactions of `blocks` and waits until the last one
+/// is mined; returns the node and its metrics port.
+fn mine(
+    genesis: &std::path::Path,
+    dir: &std::path::Path,
+    blocks: &[overdrive_primitives::BlockWithSenders],
+    startup: u64,
+) -> (support::KillOnDrop, u16) {
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let node = support::dev_node_within(
+        genesis,
+        dir,
+        http,
+        metrics,
+        &OVERDRIVE_ROOT,
+        Duration::from_secs(startup),
+    );
+    support::send_raw(http, &support::raw_transactions(blocks), true);
+    wait_mined(http, last_transaction(blocks));
+    // The metrics and the log catch up with the last block.
+    std::thread::sleep(Duration::from_secs(2));
+    (node, metrics)
+}
 
 /// A temporary folder holding the genesis of `workload`'s chain, and the genesis's path.
 fn write_genesis(
