@@ -12,15 +12,20 @@
 //! which to delete: every rewritten branch that is kept, and every path that held a branch
 //! before the block and holds no kept branch after it. A branch's row depends only on the branch
 //! and its children, and a changed child changes the branch's reference, so the branches a
-//! block rewrites are the only rows that can change.
+//! block rewrites are the only rows that can change. The rows are read on the trie's pool, one
+//! job per trie and first nibble of the path.
 
 use crate::{
     StateRootOutput, StateTrie, TrieError,
-    node::Node,
+    node::{Node, StoredNode},
     store::{NodeStore, NodeUpdates, StateTrieUpdates, TrieId},
 };
-use alloy_primitives::map::{B256Map, HashMap, HashSet};
+use alloy_primitives::{
+    B256,
+    map::{B256Map, HashMap, HashSet},
+};
 use alloy_trie::{BranchNodeCompact, Nibbles, TrieMask};
+use rayon::prelude::*;
 
 /// Rows of one trie to write and to delete, each sorted by path.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,40 +54,108 @@ pub struct CompactUpdates {
     pub storages: B256Map<CompactStorage>,
 }
 
-/// Which branches have a row, as far as a [`CompactTrie`] has looked: a parent's tree mask
-/// needs it for every child, and reading it from the children's children would cost a read per
-/// child. A branch's answer changes only when the branch is rewritten (its subtree changed), so
-/// an entry stays right until a commit writes, deletes or wipes its path.
+/// Which branches of one trie have a row, as far as a [`CompactTrie`] has looked: a parent's
+/// tree mask needs it for every child, and reading it from the children's children would cost
+/// a read per child. A branch's answer changes only when the branch is rewritten (its subtree
+/// changed), so an entry stays right until a commit writes, deletes or wipes its path.
+///
+/// Split by the first nibble of the path: a branch's answer reads only paths under its own (its
+/// children and where their extensions lead), so the sixteen subtrees under the root are
+/// answered in parallel, each with its own map. The root has no row and is never asked.
 #[derive(Clone, Debug, Default)]
-struct Kept {
-    accounts: HashMap<Nibbles, bool>,
-    storages: B256Map<HashMap<Nibbles, bool>>,
-}
+struct KeptTrie([HashMap<Nibbles, bool>; 16]);
 
-impl Kept {
-    fn of(&mut self, trie: TrieId) -> &mut HashMap<Nibbles, bool> {
-        match trie {
-            TrieId::Account => &mut self.accounts,
-            TrieId::Storage(owner) => self.storages.entry(owner).or_default(),
-        }
-    }
-
-    /// Drops what `updates` may have changed.
-    fn forget(&mut self, updates: &StateTrieUpdates) {
-        forget_nodes(&mut self.accounts, &updates.account_nodes);
-        for (owner, storage) in &updates.storage_tries {
-            if storage.wiped {
-                self.storages.remove(owner);
-            } else if let Some(kept) = self.storages.get_mut(owner) {
-                forget_nodes(kept, &storage.nodes);
+impl KeptTrie {
+    /// Drops what `nodes` may have changed.
+    fn forget(&mut self, nodes: &NodeUpdates) {
+        for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
+            if let Some(first) = path.first() {
+                self.0[usize::from(first)].remove(path);
             }
         }
     }
 }
 
-fn forget_nodes(kept: &mut HashMap<Nibbles, bool>, nodes: &NodeUpdates) {
-    for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
-        kept.remove(path);
+/// [`KeptTrie`] of every trie.
+#[derive(Clone, Debug, Default)]
+struct Kept {
+    accounts: KeptTrie,
+    storages: B256Map<KeptTrie>,
+}
+
+impl Kept {
+    /// Drops what `updates` may have changed.
+    fn forget(&mut self, updates: &StateTrieUpdates) {
+        self.accounts.forget(&updates.account_nodes);
+        for (owner, storage) in &updates.storage_tries {
+            if storage.wiped {
+                self.storages.remove(owner);
+            } else if let Some(kept) = self.storages.get_mut(owner) {
+                kept.forget(&storage.nodes);
+            }
+        }
+    }
+}
+
+/// The rows of one trie's subtree under one nibble of the root, read after a batch applied:
+/// the batch's writes and deletes there, and what is known of the subtree's branches.
+struct ShardRows<'a> {
+    trie: TrieId,
+    kept: &'a mut HashMap<Nibbles, bool>,
+    writes: Vec<&'a (Nibbles, StoredNode)>,
+    deletes: Vec<&'a Nibbles>,
+    before: &'a HashSet<Nibbles>,
+}
+
+impl ShardRows<'_> {
+    /// One job per nibble with a change under it, in nibble order (the root's own node, which
+    /// has no row, left out).
+    fn split<'a>(
+        trie: TrieId,
+        kept: &'a mut KeptTrie,
+        nodes: &'a NodeUpdates,
+        before: &'a HashSet<Nibbles>,
+        jobs: &mut Vec<ShardRows<'a>>,
+    ) {
+        let mut writes: [Vec<&(Nibbles, StoredNode)>; 16] = Default::default();
+        let mut deletes: [Vec<&Nibbles>; 16] = Default::default();
+        for write in nodes.writes() {
+            if let Some(first) = write.0.first() {
+                writes[usize::from(first)].push(write);
+            }
+        }
+        for path in nodes.deletes() {
+            if let Some(first) = path.first() {
+                deletes[usize::from(first)].push(path);
+            }
+        }
+        for ((kept, writes), deletes) in kept.0.iter_mut().zip(writes).zip(deletes) {
+            if !writes.is_empty() || !deletes.is_empty() {
+                jobs.push(ShardRows {
+                    trie,
+                    kept,
+                    writes,
+                    deletes,
+                    before,
+                });
+            }
+        }
+    }
+
+    fn rows<S: NodeStore + ?Sized>(self, store: &S) -> Result<CompactNodes, TrieError> {
+        // The batch's written branches are answered again, deepest first, before any parent
+        // reads them; forgetting them first keeps a stale answer out even when reading the
+        // rows fails half-way.
+        let written = self.writes.iter().map(|(path, _)| path);
+        for path in written.chain(self.deletes.iter().copied()) {
+            self.kept.remove(path);
+        }
+        let mut lookup = Lookup {
+            store,
+            kept: self.kept,
+            trie: self.trie,
+        };
+        lookup.rows_after(&self.writes, &self.deletes, self.before)
     }
 }
 
@@ -164,36 +237,73 @@ impl<S: NodeStore> CompactTrie<S> {
         storages_before: B256Map<HashSet<Nibbles>>,
     ) -> Result<CompactUpdates, TrieError> {
         let updates = &output.updates;
-        // The batch's written branches are answered again below, deepest first, before any
-        // parent reads them; forgetting them first keeps a stale answer out even when reading
-        // the rows fails half-way.
-        self.kept.forget(updates);
         self.trie.commit(output)?;
-        let mut rows = |trie, nodes, before| {
-            let mut lookup = Lookup {
-                store: self.trie.store(),
-                kept: self.kept.of(trie),
-                trie,
-            };
-            lookup.rows_after(nodes, before)
-        };
-        let mut compact = CompactUpdates {
-            account: rows(TrieId::Account, &updates.account_nodes, &accounts_before)?,
-            storages: B256Map::default(),
-        };
+        let mut compact = CompactUpdates::default();
+        // The storage tries' answers are taken out of the map for the parallel jobs to borrow
+        // one each, and put back after.
+        let mut storages: Vec<(B256, KeptTrie)> = updates
+            .storage_tries
+            .iter()
+            .map(|(owner, storage)| {
+                compact.storages.insert(
+                    *owner,
+                    CompactStorage {
+                        wiped: storage.wiped,
+                        nodes: CompactNodes::default(),
+                    },
+                );
+                // A wiped trie's answers all go.
+                let kept = self
+                    .kept
+                    .storages
+                    .remove(owner)
+                    .filter(|_| !storage.wiped)
+                    .unwrap_or_default();
+                (*owner, kept)
+            })
+            .collect();
         let empty = HashSet::default();
-        for (owner, storage) in &updates.storage_tries {
+        let mut jobs = Vec::new();
+        ShardRows::split(
+            TrieId::Account,
+            &mut self.kept.accounts,
+            &updates.account_nodes,
+            &accounts_before,
+            &mut jobs,
+        );
+        for (owner, kept) in &mut storages {
+            let nodes = &updates.storage_tries[owner].nodes;
             let before = storages_before.get(owner).unwrap_or(&empty);
-            let nodes = rows(TrieId::Storage(*owner), &storage.nodes, before)?;
-            compact.storages.insert(
-                *owner,
-                CompactStorage {
-                    wiped: storage.wiped,
-                    nodes,
+            ShardRows::split(TrieId::Storage(*owner), kept, nodes, before, &mut jobs);
+        }
+        let trie = &self.trie;
+        let shards: Vec<_> = trie.install(|| {
+            jobs.into_par_iter()
+                .map(|job| (job.trie, job.rows(trie.store())))
+                .collect()
+        });
+        self.kept.storages.extend(storages);
+        // Shards come in nibble order within each trie, so their rows join sorted.
+        for (id, rows) in shards {
+            let rows = rows?;
+            let nodes = match id {
+                TrieId::Account => &mut compact.account,
+                TrieId::Storage(owner) => match compact.storages.get_mut(&owner) {
+                    Some(storage) => &mut storage.nodes,
+                    None => continue,
                 },
-            );
+            };
+            nodes.updated.extend(rows.updated);
+            nodes.removed.extend(rows.removed);
         }
         Ok(compact)
+    }
+
+    /// [`StateTrie::commit`] without reading rows: for a batch whose rows nobody writes, such
+    /// as one taking back a block that was committed only for its rows.
+    pub fn commit_without_rows(&mut self, output: &StateRootOutput) -> Result<(), TrieError> {
+        self.kept.forget(&output.updates);
+        self.trie.commit(output)
     }
 }
 
@@ -353,17 +463,18 @@ impl<S: NodeStore + ?Sized> Lookup<'_, S> {
         }
     }
 
-    /// The rows `nodes` leaves, after it applied: the kept branches it wrote (deepest first, so
-    /// that a parent finds its written children's answer), and the paths of `before`
-    /// (branches before the batch) that hold no kept branch now.
+    /// The rows a batch's `writes` and `deletes` leave, after it applied: the kept branches it
+    /// wrote (deepest first, so that a parent finds its written children's answer), and the
+    /// paths of `before` (branches before the batch) that hold no kept branch now.
     fn rows_after(
         &mut self,
-        nodes: &NodeUpdates,
+        writes: &[&(Nibbles, StoredNode)],
+        deletes: &[&Nibbles],
         before: &HashSet<Nibbles>,
     ) -> Result<CompactNodes, TrieError> {
         let mut branches: Vec<(Nibbles, TrieMask)> = Vec::new();
         let mut rows = CompactNodes::default();
-        for (path, stored) in nodes.writes() {
+        for (path, stored) in writes.iter().copied() {
             if path.is_empty() {
                 continue;
             }
@@ -384,8 +495,12 @@ impl<S: NodeStore + ?Sized> Lookup<'_, S> {
                 None => {}
             }
         }
-        rows.removed
-            .extend(nodes.deletes().iter().filter(|path| before.contains(*path)));
+        rows.removed.extend(
+            deletes
+                .iter()
+                .copied()
+                .filter(|path| before.contains(*path)),
+        );
         rows.updated.sort_unstable_by_key(|(path, _)| *path);
         rows.removed.sort_unstable();
         Ok(rows)
@@ -709,6 +824,34 @@ mod tests {
         }
 
         /// The same over the trie tests' random blocks of accounts and slots by keccak keys.
+        #[test]
+        fn rows_of_blocks_taken_back_leave_the_next_rows_right(
+            (addresses, blocks) in blocks_and_keys(),
+        ) {
+            let mut model = Model::new();
+            let mut trie = CompactTrie::new(trie(2, 2));
+            let mut table = Table::new();
+            for (i, changes) in blocks.iter().enumerate() {
+                // A block built on this state for its rows and dropped (a payload): its rows
+                // are right, and taking it back without rows leaves nothing behind.
+                let root = trie.trie().root();
+                let mut dropped = model.clone();
+                let diff = block_diff(&mut dropped, &addresses, &blocks[blocks.len() - 1 - i]);
+                let output = trie.trie().compute(&diff).unwrap();
+                let (rows, undo) = trie.commit_with_undo(&output).unwrap();
+                let mut dropped_table = table.clone();
+                write_rows(&mut dropped_table, &rows);
+                prop_assert_eq!(&dropped_table, &expected_rows(&dropped));
+                trie.commit_without_rows(&undo).unwrap();
+                prop_assert_eq!(trie.trie().root(), root);
+
+                let diff = block_diff(&mut model, &addresses, changes);
+                let output = trie.trie().compute(&diff).unwrap();
+                write_rows(&mut table, &trie.commit(&output).unwrap());
+                prop_assert_eq!(&table, &expected_rows(&model));
+            }
+        }
+
         #[test]
         fn rows_equal_a_fresh_build_over_keccak_keys(
             blocks in prop::collection::vec(prop::collection::vec(op(24, 40), 1..30), 1..6),

@@ -307,6 +307,11 @@ impl<S: NodeStore> StateTrie<S> {
         })
     }
 
+    /// Runs `f` on the trie's pool, where the trie's own parallel work runs.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     /// The current state root.
     pub fn root(&self) -> B256 {
         self.root

@@ -9,15 +9,16 @@ use crate::{
     store::{NodeStore, NodeUpdates, StateTrieUpdates, StorageNodeUpdates, TrieId},
 };
 use alloy_trie::Nibbles;
+use rayon::prelude::*;
 
-/// The batch that puts `nodes`' paths of `trie` back as they are now.
+/// The batch that puts `paths` of `trie` back as they are now.
 fn undo_nodes<S: NodeStore + ?Sized>(
     store: &S,
     trie: TrieId,
-    nodes: &NodeUpdates,
+    paths: Vec<&Nibbles>,
 ) -> Result<NodeUpdates, TrieError> {
     let mut undo = NodeUpdates::default();
-    for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
+    for path in paths {
         match store.get(trie, path).map_err(TrieError::store)? {
             Some(old) => undo.push_write(*path, old.into_owned()),
             None => undo.push_delete(*path),
@@ -58,28 +59,57 @@ impl<S: NodeStore> StateTrie<S> {
     /// The output that, committed after `output`, takes the store and the root back to what
     /// they are now: the old nodes of every path `output` writes or deletes, and the whole old
     /// trie of every storage trie it wipes. Read before `output` is committed.
-    pub fn undo_of(&self, output: &StateRootOutput) -> Result<StateRootOutput, TrieError> {
+    pub fn undo_of<'a>(&self, output: &'a StateRootOutput) -> Result<StateRootOutput, TrieError> {
         let store = self.store();
         let updates = &output.updates;
-        let mut undo = StateTrieUpdates {
-            account_nodes: undo_nodes(store, TrieId::Account, &updates.account_nodes)?,
-            ..StateTrieUpdates::default()
+        // The reads are spread over the pool by trie and by the path's first nibble (the
+        // root's own path with the first nibble's), and joined back in that order.
+        let mut jobs: Vec<(TrieId, Vec<&Nibbles>)> = Vec::new();
+        let mut split = |trie, nodes: &'a NodeUpdates| {
+            let mut shards: [Vec<&Nibbles>; 16] = Default::default();
+            for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
+                shards[usize::from(path.first().unwrap_or(0))].push(path);
+            }
+            jobs.extend(
+                shards
+                    .into_iter()
+                    .filter(|paths| !paths.is_empty())
+                    .map(|paths| (trie, paths)),
+            );
         };
+        split(TrieId::Account, &updates.account_nodes);
         for (owner, storage) in &updates.storage_tries {
-            let trie = TrieId::Storage(*owner);
+            if !storage.wiped {
+                split(TrieId::Storage(*owner), &storage.nodes);
+            }
+        }
+        let shards: Vec<(TrieId, Result<NodeUpdates, TrieError>)> = self.install(|| {
+            jobs.into_par_iter()
+                .map(|(trie, paths)| (trie, undo_nodes(store, trie, paths)))
+                .collect()
+        });
+        let mut undo = StateTrieUpdates::default();
+        for (owner, storage) in &updates.storage_tries {
             let nodes = if storage.wiped {
                 // Whatever the batch wrote after its wipe goes with this wipe.
-                StorageNodeUpdates {
-                    wiped: true,
-                    nodes: all_nodes(store, trie)?,
-                }
+                all_nodes(store, TrieId::Storage(*owner))?
             } else {
-                StorageNodeUpdates {
-                    wiped: false,
-                    nodes: undo_nodes(store, trie, &storage.nodes)?,
-                }
+                NodeUpdates::default()
             };
-            undo.storage_tries.insert(*owner, nodes);
+            let wiped = storage.wiped;
+            undo.storage_tries
+                .insert(*owner, StorageNodeUpdates { wiped, nodes });
+        }
+        for (trie, nodes) in shards {
+            let mut nodes = nodes?;
+            let joined = match trie {
+                TrieId::Account => &mut undo.account_nodes,
+                TrieId::Storage(owner) => match undo.storage_tries.get_mut(&owner) {
+                    Some(storage) => &mut storage.nodes,
+                    None => continue,
+                },
+            };
+            joined.append(&mut nodes);
         }
         Ok(StateRootOutput {
             root: self.root(),

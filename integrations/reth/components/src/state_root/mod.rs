@@ -125,7 +125,7 @@ impl Tip {
             };
             // The rows of going back are not reth's to write: reth keeps each block's rows
             // with that block, and the next block's rows are taken against the parent.
-            self.trie.commit(&undo)?;
+            self.trie.commit_without_rows(&undo)?;
             self.block = parent;
         }
         Ok(true)
@@ -150,7 +150,7 @@ impl Tip {
     /// committed and taken back).
     fn rows_of(&mut self, output: &StateRootOutput) -> Result<CompactUpdates, TrieError> {
         let (rows, undo) = self.trie.commit_with_undo(output)?;
-        self.trie.commit(&undo)?;
+        self.trie.commit_without_rows(&undo)?;
         Ok(rows)
     }
 }
