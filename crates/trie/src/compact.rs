@@ -13,7 +13,7 @@
 //! before the block and holds no kept branch after it. A branch's row depends only on the branch
 //! and its children, and a changed child changes the branch's reference, so the branches a
 //! block rewrites are the only rows that can change. The rows are read on the trie's pool, one
-//! job per trie and first nibble of the path.
+//! job per trie, and per first nibble of the path in a trie the block changed much.
 
 use crate::{
     StateRootOutput, StateTrie, TrieError,
@@ -76,6 +76,36 @@ impl KeptTrie {
     }
 }
 
+/// Part of a [`KeptTrie`] lent to one job: the maps of the first nibbles from `first` on.
+struct Known<'a> {
+    maps: &'a mut [HashMap<Nibbles, bool>],
+    first: u8,
+}
+
+impl Known<'_> {
+    /// The map of `path`'s subtree; none for the root, which is not remembered.
+    fn map(&mut self, path: &Nibbles) -> Option<&mut HashMap<Nibbles, bool>> {
+        let index = path.first()?.checked_sub(self.first)?;
+        self.maps.get_mut(usize::from(index))
+    }
+
+    fn get(&mut self, path: &Nibbles) -> Option<bool> {
+        self.map(path)?.get(path).copied()
+    }
+
+    fn insert(&mut self, path: Nibbles, kept: bool) {
+        if let Some(map) = self.map(&path) {
+            map.insert(path, kept);
+        }
+    }
+
+    fn remove(&mut self, path: &Nibbles) {
+        if let Some(map) = self.map(path) {
+            map.remove(path);
+        }
+    }
+}
+
 /// [`KeptTrie`] of every trie.
 #[derive(Clone, Debug, Default)]
 struct Kept {
@@ -97,28 +127,43 @@ impl Kept {
     }
 }
 
-/// The rows of one trie's subtree under one nibble of the root, read after a batch applied:
-/// the batch's writes and deletes there, and what is known of the subtree's branches.
+/// The rows of part of one trie, read after a batch applied: the whole trie, or, where the
+/// batch changed many nodes, the subtree under one nibble of the root; the batch's writes and
+/// deletes there, and what is known of the part's branches.
 struct ShardRows<'a> {
     trie: TrieId,
-    kept: &'a mut HashMap<Nibbles, bool>,
+    kept: Known<'a>,
     writes: Vec<&'a (Nibbles, StoredNode)>,
     deletes: Vec<&'a Nibbles>,
     before: &'a HashSet<Nibbles>,
 }
 
 impl ShardRows<'_> {
-    /// One job per nibble with a change under it, in nibble order (the root's own node, which
-    /// has no row, left out).
+    /// The jobs of one trie's rows: one per nibble with a change under it, in nibble order,
+    /// where the batch changed at least `threshold` nodes of the trie, otherwise one.
     fn split<'a>(
         trie: TrieId,
         kept: &'a mut KeptTrie,
-        nodes: &'a NodeUpdates,
+        (nodes, threshold): (&'a NodeUpdates, usize),
         before: &'a HashSet<Nibbles>,
         jobs: &mut Vec<ShardRows<'a>>,
     ) {
+        if nodes.write_count() + nodes.deletes().len() < threshold {
+            jobs.push(ShardRows {
+                trie,
+                kept: Known {
+                    maps: &mut kept.0,
+                    first: 0,
+                },
+                writes: nodes.writes().collect(),
+                deletes: nodes.deletes().iter().collect(),
+                before,
+            });
+            return;
+        }
         let mut writes: [Vec<&(Nibbles, StoredNode)>; 16] = Default::default();
         let mut deletes: [Vec<&Nibbles>; 16] = Default::default();
+        // The root's own node has no row and stays out.
         for write in nodes.writes() {
             if let Some(first) = write.0.first() {
                 writes[usize::from(first)].push(write);
@@ -129,11 +174,15 @@ impl ShardRows<'_> {
                 deletes[usize::from(first)].push(path);
             }
         }
-        for ((kept, writes), deletes) in kept.0.iter_mut().zip(writes).zip(deletes) {
+        let shards = kept.0.iter_mut().zip(writes).zip(deletes);
+        for (first, ((map, writes), deletes)) in (0u8..).zip(shards) {
             if !writes.is_empty() || !deletes.is_empty() {
                 jobs.push(ShardRows {
                     trie,
-                    kept,
+                    kept: Known {
+                        maps: std::slice::from_mut(map),
+                        first,
+                    },
                     writes,
                     deletes,
                     before,
@@ -142,7 +191,7 @@ impl ShardRows<'_> {
         }
     }
 
-    fn rows<S: NodeStore + ?Sized>(self, store: &S) -> Result<CompactNodes, TrieError> {
+    fn rows<S: NodeStore + ?Sized>(mut self, store: &S) -> Result<CompactNodes, TrieError> {
         // The batch's written branches are answered again, deepest first, before any parent
         // reads them; forgetting them first keeps a stale answer out even when reading the
         // rows fails half-way.
@@ -264,15 +313,17 @@ impl<S: NodeStore> CompactTrie<S> {
             .collect();
         let empty = HashSet::default();
         let mut jobs = Vec::new();
+        // A trie with as many changes as make a subtree's hashing parallel is split.
+        let threshold = self.trie.config().parallel_threshold;
         ShardRows::split(
             TrieId::Account,
             &mut self.kept.accounts,
-            &updates.account_nodes,
+            (&updates.account_nodes, threshold),
             &accounts_before,
             &mut jobs,
         );
         for (owner, kept) in &mut storages {
-            let nodes = &updates.storage_tries[owner].nodes;
+            let nodes = (&updates.storage_tries[owner].nodes, threshold);
             let before = storages_before.get(owner).unwrap_or(&empty);
             ShardRows::split(TrieId::Storage(*owner), kept, nodes, before, &mut jobs);
         }
@@ -324,10 +375,13 @@ pub fn compact_branch<S: NodeStore + ?Sized>(
     path: &Nibbles,
     state_mask: TrieMask,
 ) -> Result<Option<BranchNodeCompact>, TrieError> {
-    let mut kept = HashMap::default();
+    let mut kept = KeptTrie::default();
     Lookup {
         store,
-        kept: &mut kept,
+        kept: Known {
+            maps: &mut kept.0,
+            first: 0,
+        },
         trie,
     }
     .row(path, state_mask)
@@ -336,7 +390,7 @@ pub fn compact_branch<S: NodeStore + ?Sized>(
 /// Reads of one trie's nodes for its rows, with what is known of which branches have one.
 struct Lookup<'a, S: ?Sized> {
     store: &'a S,
-    kept: &'a mut HashMap<Nibbles, bool>,
+    kept: Known<'a>,
     trie: TrieId,
 }
 
@@ -401,7 +455,7 @@ impl<S: NodeStore + ?Sized> Lookup<'_, S> {
     /// branch that has one.
     fn is_kept(&mut self, path: &Nibbles, state_mask: TrieMask) -> Result<bool, TrieError> {
         if let Some(kept) = self.kept.get(path) {
-            return Ok(*kept);
+            return Ok(kept);
         }
         let trie = self.trie;
         let children = self
@@ -769,14 +823,16 @@ mod tests {
 
         /// Blocks of inserts, updates, deletes, wipes and re-created accounts over keys with
         /// long shared prefixes: after every block, the rows written and deleted so far equal
-        /// the rows a HashBuilder build of the whole state keeps, on one thread and on several.
+        /// the rows a HashBuilder build of the whole state keeps, on one thread and on several,
+        /// each trie's rows read whole or split by first nibble.
         #[test]
         fn rows_equal_a_fresh_build_after_every_block(
             (addresses, blocks) in blocks_and_keys(),
             threads in 1..4usize,
+            threshold in prop_oneof![Just(2usize), Just(16), Just(1 << 20)],
         ) {
             let mut model = Model::new();
-            let mut trie = CompactTrie::new(trie(threads, 2));
+            let mut trie = CompactTrie::new(trie(threads, threshold));
             let mut table = Table::new();
             for changes in &blocks {
                 let diff = block_diff(&mut model, &addresses, changes);

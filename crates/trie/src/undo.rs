@@ -62,12 +62,20 @@ impl<S: NodeStore> StateTrie<S> {
     pub fn undo_of<'a>(&self, output: &'a StateRootOutput) -> Result<StateRootOutput, TrieError> {
         let store = self.store();
         let updates = &output.updates;
-        // The reads are spread over the pool by trie and by the path's first nibble (the
-        // root's own path with the first nibble's), and joined back in that order.
+        // The reads are spread over the pool by trie, and in a trie with as many changes as
+        // make a subtree's hashing parallel by the path's first nibble (the root's own path
+        // with the first nibble's), and joined back in that order: splitting a few reads costs
+        // more than it saves, and a block changes many small storage tries.
+        let threshold = self.config().parallel_threshold;
         let mut jobs: Vec<(TrieId, Vec<&Nibbles>)> = Vec::new();
         let mut split = |trie, nodes: &'a NodeUpdates| {
+            let paths = nodes.writes().map(|(path, _)| path).chain(nodes.deletes());
+            if nodes.write_count() + nodes.deletes().len() < threshold {
+                jobs.push((trie, paths.collect()));
+                return;
+            }
             let mut shards: [Vec<&Nibbles>; 16] = Default::default();
-            for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
+            for path in paths {
                 shards[usize::from(path.first().unwrap_or(0))].push(path);
             }
             jobs.extend(
