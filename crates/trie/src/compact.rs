@@ -144,7 +144,8 @@ impl ShardRows<'_> {
     fn split<'a>(
         trie: TrieId,
         kept: &'a mut KeptTrie,
-        (nodes, threshold): (&'a NodeUpdates, usize),
+        nodes: &'a NodeUpdates,
+        threshold: usize,
         before: &'a HashSet<Nibbles>,
         jobs: &mut Vec<ShardRows<'a>>,
     ) {
@@ -318,14 +319,16 @@ impl<S: NodeStore> CompactTrie<S> {
         ShardRows::split(
             TrieId::Account,
             &mut self.kept.accounts,
-            (&updates.account_nodes, threshold),
+            &updates.account_nodes,
+            threshold,
             &accounts_before,
             &mut jobs,
         );
         for (owner, kept) in &mut storages {
-            let nodes = (&updates.storage_tries[owner].nodes, threshold);
+            let nodes = &updates.storage_tries[owner].nodes;
             let before = storages_before.get(owner).unwrap_or(&empty);
-            ShardRows::split(TrieId::Storage(*owner), kept, nodes, before, &mut jobs);
+            let trie = TrieId::Storage(*owner);
+            ShardRows::split(trie, kept, nodes, threshold, before, &mut jobs);
         }
         let trie = &self.trie;
         let shards: Vec<_> = trie.install(|| {
