@@ -200,14 +200,14 @@ impl DevNode {
         let page = http_get(self.metrics)?;
         Ok(STAGES
             .iter()
-            .map(|(_, metric, label)| {
-                page.lines()
-                    .filter(|line| line.starts_with(metric) && line.contains(label))
-                    .filter(|line| line[metric.len()..].starts_with([' ', '{']))
-                    .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-                    .sum()
-            })
+            .map(|(_, metric, label)| metric_sum(&page, metric, label))
             .collect())
+    }
+
+    /// The sum of every sample of `metric` carrying `label` ("" for any) on the node's metrics
+    /// page now (0 for a metric not exported yet).
+    pub fn metric(&self, metric: &str, label: &str) -> eyre::Result<f64> {
+        Ok(metric_sum(&http_get(self.metrics)?, metric, label))
     }
 
     pub fn engine_url(&self) -> String {
@@ -247,6 +247,16 @@ impl Drop for DevNode {
     }
 }
 
+/// The sum of the samples of `metric` carrying `label` on a Prometheus text page.
+fn metric_sum(page: &str, metric: &str, label: &str) -> f64 {
+    page.lines()
+        .filter(|line| line.starts_with(metric) && line.contains(label))
+        .filter(|line| line[metric.len()..].starts_with([' ', '{']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        // Not `sum()`: a float sum of nothing is -0.
+        .fold(0.0, |total, value| total + value)
+}
+
 /// The body of `GET /` on a local port.
 fn http_get(port: u16) -> eyre::Result<String> {
     use std::io::{Read, Write};
@@ -268,4 +278,33 @@ fn free_port() -> eyre::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric_sum;
+
+    #[test]
+    fn metric_sums_add_the_samples_with_the_label() {
+        let page = "# TYPE reth_trie_cursor_operations summary\n\
+            reth_trie_cursor_operations{type=\"state\",operation=\"seek\",quantile=\"0.5\"} 9\n\
+            reth_trie_cursor_operations_sum{type=\"state\",operation=\"seek\"} 120\n\
+            reth_trie_cursor_operations_sum{type=\"state\",operation=\"next\"} 30.5\n\
+            reth_trie_cursor_operations_sum{type=\"storage\",operation=\"seek\"} 7\n\
+            reth_trie_cursor_operations_sum_other 1000\n\
+            reth_trie_cursor_operations_count{type=\"state\",operation=\"seek\"} 4\n\
+            reth_payloads_resolve_duration_seconds_sum 2.5\n";
+        let sum = |metric, label| metric_sum(page, metric, label);
+        assert_eq!(
+            sum("reth_trie_cursor_operations_sum", "type=\"state\""),
+            150.5
+        );
+        assert_eq!(
+            sum("reth_trie_cursor_operations_sum", "type=\"storage\""),
+            7.0
+        );
+        assert_eq!(sum("reth_trie_cursor_operations_sum", ""), 157.5);
+        assert_eq!(sum("reth_payloads_resolve_duration_seconds_sum", ""), 2.5);
+        assert!(sum("reth_not_exported_sum", "").to_bits() == 0.0f64.to_bits());
+    }
 }

@@ -4,7 +4,8 @@
 //! on: the parallel executor, or overdrive's state root. It measures the engine's validation
 //! path alone: no transaction pool, no RPC intake, no payload building. With the state root,
 //! it also compares each block's root time, from the engine's own log line for every root
-//! ("State root job finished", with the strategy that computed it).
+//! ("State root job finished", with the strategy that computed it), and each node's reads of
+//! the trie and hashed-state tables per block, from reth's metrics.
 
 use super::{Component, node, rpc::Rpc};
 use alloy_consensus::{Block, TxEnvelope};
@@ -50,7 +51,32 @@ struct Replayed {
     seconds: f64,
     /// Each block's root as the engine logged it, in order.
     roots: Vec<RootTime>,
+    /// Reads of the trie and hashed-state tables during the replay, by [`TABLES`].
+    table_reads: [f64; 2],
 }
+
+/// Reads of the tables a state root reads (through reth's overlay of unpersisted blocks), as
+/// reth's metrics count them, by table kind: the counters of reth's `StateRoot` (its
+/// synchronous root: the walker's trie seeks, the node iterator's hashed seeks and nexts) and
+/// those of the proof workers of its sparse-trie task (every cursor operation). overdrive's
+/// trie reads none of them per block, so its node's figures count only reth's code.
+const TABLES: [(&str, &[&str]); 2] = [
+    (
+        "trie tables",
+        &[
+            "reth_trie_walker_branch_nodes_seeked_total",
+            "reth_trie_cursor_operations_sum",
+        ],
+    ),
+    (
+        "hashed tables",
+        &[
+            "reth_trie_node_iter_leaf_nodes_seeked_total",
+            "reth_trie_node_iter_leaf_nodes_advanced_total",
+            "reth_trie_hashed_cursor_operations_sum",
+        ],
+    ),
+];
 
 /// One "State root job finished" line of the engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,10 +112,15 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
             jwt: Some(&jwt_path),
         })?;
         let engine = Rpc::new(&node.engine_url())?.with_bearer(move || jwt(&secret));
+        // Genesis and launch read the tables too: only what the replay adds counts.
+        let reads_before = table_reads(&node)?;
         let replayed = replay(&engine, &blocks);
+        let reads = table_reads(&node);
         node.stop();
         let log = args.out.join(format!("{label}.log"));
         let mut replayed = replayed.wrap_err_with(|| format!("replaying into the {label} node"))?;
+        let reads = reads?;
+        replayed.table_reads = [0, 1].map(|kind| reads[kind] - reads_before[kind]);
         replayed.roots = root_times(
             &std::fs::read_to_string(&log)
                 .wrap_err_with(|| format!("reading {}", log.display()))?,
@@ -110,7 +141,11 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     println!("replay: {speedup}x overdrive over stock");
     let roots = match args.component {
         Component::Exec => Value::Null,
-        Component::StateRoot => compare_roots(&results[0].roots, &results[1].roots)?,
+        Component::StateRoot => {
+            let mut roots = compare_roots(&results[0].roots, &results[1].roots)?;
+            roots["table_reads_per_block"] = compare_table_reads(&results[0], &results[1]);
+            roots
+        }
     };
     if args.json {
         println!(
@@ -123,6 +158,46 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The node's [`TABLES`] reads so far. reth records a proof worker's counts when the worker
+/// ends, after its block's root: the counts are read until they settle.
+fn table_reads(node: &node::DevNode) -> eyre::Result<[f64; 2]> {
+    let read = || -> eyre::Result<[f64; 2]> {
+        let mut reads = [0.0; 2];
+        for (total, (_, metrics)) in reads.iter_mut().zip(&TABLES) {
+            for metric in metrics.iter() {
+                *total += node.metric(metric, "")?;
+            }
+        }
+        Ok(reads)
+    };
+    let mut last = read()?;
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let now = read()?;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
+/// Prints each node's table reads per block and returns them as JSON.
+fn compare_table_reads(stock: &Replayed, overdrive: &Replayed) -> Value {
+    let mut json = json!({});
+    for (label, replayed) in [("stock", stock), ("overdrive", overdrive)] {
+        let per_block = replayed
+            .table_reads
+            .map(|reads| round(reads / replayed.blocks.max(1) as f64, 1));
+        println!(
+            "table reads per block ({label}): {} in the trie tables, {} in the hashed tables",
+            per_block[0], per_block[1]
+        );
+        json[label] = json!({TABLES[0].0: per_block[0], TABLES[1].0: per_block[1]});
+    }
+    json
 }
 
 /// Every "State root job finished" line of a node's log: the strategy, the root and the time.
@@ -264,6 +339,7 @@ fn replay(engine: &Rpc, blocks: &[Block<TxEnvelope>]) -> eyre::Result<Replayed> 
         gas,
         seconds: started.elapsed().as_secs_f64(),
         roots: Vec::new(),
+        table_reads: [0.0; 2],
     })
 }
 
@@ -319,6 +395,21 @@ mod tests {
         assert!(compare_roots(&[], &[time("0x2", 0.5)]).is_err());
         let same = compare_roots(&[time("0x1", 1.0)], &[time("0x1", 0.5)]).unwrap();
         assert_eq!(same["speedup"], 2.0);
+    }
+
+    #[test]
+    fn table_reads_are_given_per_block() {
+        let replayed = |table_reads| Replayed {
+            blocks: 4,
+            gas: 0,
+            seconds: 1.0,
+            roots: Vec::new(),
+            table_reads,
+        };
+        let reads = compare_table_reads(&replayed([10.0, 402.0]), &replayed([0.0, 0.0]));
+        assert_eq!(reads["stock"]["trie tables"], 2.5);
+        assert_eq!(reads["stock"]["hashed tables"], 100.5);
+        assert_eq!(reads["overdrive"]["hashed tables"], 0.0);
     }
 
     #[test]
