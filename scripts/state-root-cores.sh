@@ -14,7 +14,7 @@
 # totals over the chain, the ratio, the per-block median ratio, overdrive's hashing and rows
 # (median per block, from its debug lines), the dirty nodes, and each node's reads of the trie
 # and hashed-state tables per block (seeks and nexts through reth's overlay, as reth's metrics
-# count them: `table_reads_per_block`).
+# count them: `table_reads_per_block`), and each node's peak resident memory.
 set -euo pipefail
 BIN=${1:?usage: state-root-cores.sh OVERDRIVE_BIN RETH_BIN CHAIN_DIR...}
 RETH=${2:?usage: state-root-cores.sh OVERDRIVE_BIN RETH_BIN CHAIN_DIR...}
@@ -25,8 +25,8 @@ mkdir -p "$OUT"
 trap 'echo "a replay failed; its log: $OUT/bench.log" >&2' ERR
 have=$(nproc --all)
 
-echo "| chain | cores | reth's strategy | stock reth, all blocks | overdrive-reth, all blocks | ratio | per-block median | overdrive hashing / rows, median | dirty nodes | table reads per block, stock / overdrive (trie + hashed) |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| chain | cores | reth's strategy | stock reth, all blocks | overdrive-reth, all blocks | ratio | per-block median | overdrive hashing / rows, median | dirty nodes | table reads per block, stock / overdrive (trie + hashed) | peak memory, stock / overdrive |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for chain in "$@"; do
   name=$(basename "$chain")
   for n in $CORES; do
@@ -66,7 +66,8 @@ print(
     f"| {name} | {cores} | {roots['stock_strategy']} | {roots['stock_ms']:,.1f} ms"
     f" | {roots['overdrive_ms']:,.1f} ms | **{roots['speedup']:.2f}x** | {roots['median_block_speedup']:.2f}x"
     f" | {median(compute):.1f} / {median(rows):.1f} ms | {median(dirty):,.0f}"
-    f" | {both('stock')} / {both('overdrive')} |"
+    f" | {both('stock')} / {both('overdrive')}"
+    f" | {line['stock_peak_mib'] or 0:,.0f} / {line['overdrive_peak_mib'] or 0:,.0f} MiB |"
 )
 EOF
   done

@@ -195,6 +195,13 @@ impl DevNode {
         (per_second > 0).then(|| ticks as f64 / per_second as f64)
     }
 
+    /// The most resident memory the node has held so far, in MiB, from `/proc` (`VmHWM`).
+    pub fn peak_memory_mib(&self) -> Option<f64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        peak_kib(&status).map(|kib| kib as f64 / 1024.0)
+    }
+
     /// The seconds each of [`STAGES`] has taken so far (0 for a metric not exported yet).
     pub fn stage_seconds(&self) -> eyre::Result<Vec<f64>> {
         let page = http_get(self.metrics)?;
@@ -247,6 +254,12 @@ impl Drop for DevNode {
     }
 }
 
+/// `VmHWM` of a `/proc/PID/status` page, in KiB.
+fn peak_kib(status: &str) -> Option<u64> {
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The sum of the samples of `metric` carrying `label` on a Prometheus text page.
 fn metric_sum(page: &str, metric: &str, label: &str) -> f64 {
     page.lines()
@@ -282,7 +295,14 @@ fn free_port() -> eyre::Result<u16> {
 
 #[cfg(test)]
 mod tests {
-    use super::metric_sum;
+    use super::{metric_sum, peak_kib};
+
+    #[test]
+    fn the_peak_is_read_from_the_status_page() {
+        let status = "Name:\toverdrive-reth\nVmPeak:\t 9000000 kB\nVmHWM:\t  812345 kB\nVmRSS:\t 700000 kB\n";
+        assert_eq!(peak_kib(status), Some(812_345));
+        assert_eq!(peak_kib("Name:\tx\nVmRSS:\t1 kB\n"), None);
+    }
 
     #[test]
     fn metric_sums_add_the_samples_with_the_label() {

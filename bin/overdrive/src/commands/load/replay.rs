@@ -53,6 +53,8 @@ struct Replayed {
     roots: Vec<RootTime>,
     /// Reads of the trie and hashed-state tables during the replay, by [`TABLES`].
     table_reads: [f64; 2],
+    /// The node's peak resident memory, in MiB.
+    peak_mib: Option<f64>,
 }
 
 /// Reads of the tables a state root reads (through reth's overlay of unpersisted blocks), as
@@ -116,21 +118,26 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
         let reads_before = table_reads(&node)?;
         let replayed = replay(&engine, &blocks);
         let reads = table_reads(&node);
+        let peak_mib = node.peak_memory_mib();
         node.stop();
         let log = args.out.join(format!("{label}.log"));
         let mut replayed = replayed.wrap_err_with(|| format!("replaying into the {label} node"))?;
         let reads = reads?;
         replayed.table_reads = [0, 1].map(|kind| reads[kind] - reads_before[kind]);
+        replayed.peak_mib = peak_mib;
         replayed.roots = root_times(
             &std::fs::read_to_string(&log)
                 .wrap_err_with(|| format!("reading {}", log.display()))?,
         );
         println!(
-            "{label}: {} blocks, {:.1} Mgas in {:.2} s: {:.1} Mgas/s",
+            "{label}: {} blocks, {:.1} Mgas in {:.2} s: {:.1} Mgas/s; peak memory {}",
             replayed.blocks,
             replayed.gas as f64 / 1e6,
             replayed.seconds,
-            replayed.gas as f64 / 1e6 / replayed.seconds
+            replayed.gas as f64 / 1e6 / replayed.seconds,
+            replayed
+                .peak_mib
+                .map_or("unknown".to_string(), |mib| format!("{mib:.0} MiB"))
         );
         results.push(replayed);
         let _ = std::fs::remove_dir_all(&datadir);
@@ -154,6 +161,8 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
                 "blocks": results[0].blocks,
                 "stock_mgas_per_s": round(stock / 1e6, 2),
                 "overdrive_mgas_per_s": round(overdrive / 1e6, 2), "speedup": speedup,
+                "stock_peak_mib": results[0].peak_mib.map(|mib| round(mib, 0)),
+                "overdrive_peak_mib": results[1].peak_mib.map(|mib| round(mib, 0)),
                 "state_root": roots})
         );
     }
@@ -340,6 +349,7 @@ fn replay(engine: &Rpc, blocks: &[Block<TxEnvelope>]) -> eyre::Result<Replayed> 
         seconds: started.elapsed().as_secs_f64(),
         roots: Vec::new(),
         table_reads: [0.0; 2],
+        peak_mib: None,
     })
 }
 
@@ -405,6 +415,7 @@ mod tests {
             seconds: 1.0,
             roots: Vec::new(),
             table_reads,
+            peak_mib: None,
         };
         let reads = compare_table_reads(&replayed([10.0, 402.0]), &replayed([0.0, 0.0]));
         assert_eq!(reads["stock"]["trie tables"], 2.5);
