@@ -204,17 +204,16 @@ impl DevNode {
 
     /// The seconds each of [`STAGES`] has taken so far (0 for a metric not exported yet).
     pub fn stage_seconds(&self) -> eyre::Result<Vec<f64>> {
-        let page = http_get(self.metrics)?;
+        let page = self.metrics_page()?;
         Ok(STAGES
             .iter()
             .map(|(_, metric, label)| metric_sum(&page, metric, label))
             .collect())
     }
 
-    /// The sum of every sample of `metric` carrying `label` ("" for any) on the node's metrics
-    /// page now (0 for a metric not exported yet).
-    pub fn metric(&self, metric: &str, label: &str) -> eyre::Result<f64> {
-        Ok(metric_sum(&http_get(self.metrics)?, metric, label))
+    /// The node's metrics page now (Prometheus text; [`metric_sum`] reads it).
+    pub fn metrics_page(&self) -> eyre::Result<String> {
+        http_get(self.metrics)
     }
 
     pub fn engine_url(&self) -> String {
@@ -260,8 +259,9 @@ fn peak_kib(status: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The sum of the samples of `metric` carrying `label` on a Prometheus text page.
-fn metric_sum(page: &str, metric: &str, label: &str) -> f64 {
+/// The sum of the samples of `metric` carrying `label` ("" for any) on a Prometheus text page
+/// (0 for a metric not exported yet).
+pub fn metric_sum(page: &str, metric: &str, label: &str) -> f64 {
     page.lines()
         .filter(|line| line.starts_with(metric) && line.contains(label))
         .filter(|line| line[metric.len()..].starts_with([' ', '{']))

@@ -173,13 +173,13 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
 /// ends, after its block's root: the counts are read until they settle.
 fn table_reads(node: &node::DevNode) -> eyre::Result<[f64; 2]> {
     let read = || -> eyre::Result<[f64; 2]> {
-        let mut reads = [0.0; 2];
-        for (total, (_, metrics)) in reads.iter_mut().zip(&TABLES) {
-            for metric in metrics.iter() {
-                *total += node.metric(metric, "")?;
-            }
-        }
-        Ok(reads)
+        let page = node.metrics_page()?;
+        Ok(TABLES.map(|(_, metrics)| {
+            metrics
+                .iter()
+                .map(|metric| node::metric_sum(&page, metric, ""))
+                .sum()
+        }))
     };
     let mut last = read()?;
     for _ in 0..20 {
