@@ -17,6 +17,7 @@
 
 use crate::{
     StateRootOutput, StateTrie, TrieError,
+    bounded::{BoundedNodeStore, LeafSource},
     node::{Node, StoredNode},
     store::{NodeStore, NodeUpdates, StateTrieUpdates, TrieId},
 };
@@ -106,6 +107,14 @@ impl Known<'_> {
     }
 }
 
+impl KeptTrie {
+    fn retain_shallower(&mut self, depth: usize) {
+        for map in &mut self.0 {
+            map.retain(|path, _| path.len() < depth);
+        }
+    }
+}
+
 /// [`KeptTrie`] of every trie.
 #[derive(Clone, Debug, Default)]
 struct Kept {
@@ -114,6 +123,14 @@ struct Kept {
 }
 
 impl Kept {
+    /// Forgets the branches at paths of `depth` nibbles or more.
+    fn retain_shallower(&mut self, depth: usize) {
+        self.accounts.retain_shallower(depth);
+        for kept in self.storages.values_mut() {
+            kept.retain_shallower(depth);
+        }
+    }
+
     /// Drops what `updates` may have changed.
     fn forget(&mut self, updates: &StateTrieUpdates) {
         self.accounts.forget(&updates.account_nodes);
@@ -353,11 +370,29 @@ impl<S: NodeStore> CompactTrie<S> {
         Ok(compact)
     }
 
+    /// The trie's node store, to be changed only in ways that keep the nodes it holds for the
+    /// trie's state (see [`StateTrie::store_mut`]).
+    pub fn store_mut(&mut self) -> &mut S {
+        self.trie.store_mut()
+    }
+
     /// [`StateTrie::commit`] without reading rows: for a batch whose rows nobody writes, such
     /// as one taking back a block that was committed only for its rows.
     pub fn commit_without_rows(&mut self, output: &StateRootOutput) -> Result<(), TrieError> {
         self.kept.forget(&output.updates);
         self.trie.commit(output)
+    }
+}
+
+impl<L: LeafSource> CompactTrie<BoundedNodeStore<L>> {
+    /// Drops the nodes the store keeps only until the block's reads are done
+    /// ([`BoundedNodeStore::evict`]), and what the trie remembers of the branches there.
+    pub fn evict(&mut self) {
+        self.trie.store_mut().evict();
+        let depth = self.trie.store().depth();
+        if !self.trie.store().keeps_everything() {
+            self.kept.retain_shallower(depth);
+        }
     }
 }
 
@@ -586,7 +621,7 @@ fn branches_before<S: NodeStore + ?Sized>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{
         HashedAccount, HashedStateChanges, HashedStorageChanges, reference,
@@ -599,14 +634,14 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     /// The rows of every trie, as a database holds them.
-    type Table = BTreeMap<(TrieId, Nibbles), BranchNodeCompact>;
+    pub(crate) type Table = BTreeMap<(TrieId, Nibbles), BranchNodeCompact>;
 
     /// The state as a model: accounts by hashed address, each with its slots.
-    type Model = BTreeMap<B256, (HashedAccount, BTreeMap<B256, U256>)>;
+    pub(crate) type Model = BTreeMap<B256, (HashedAccount, BTreeMap<B256, U256>)>;
 
     /// Writes one block's rows as a database does: a wiped trie's rows go, then the deletes,
     /// then the writes.
-    fn write_rows(table: &mut Table, rows: &CompactUpdates) {
+    pub(crate) fn write_rows(table: &mut Table, rows: &CompactUpdates) {
         write_nodes(table, TrieId::Account, &rows.account);
         for (owner, storage) in &rows.storages {
             let trie = TrieId::Storage(*owner);
@@ -641,7 +676,7 @@ mod tests {
     }
 
     /// What a HashBuilder build of the whole model keeps, in every trie.
-    fn expected_rows(model: &Model) -> Table {
+    pub(crate) fn expected_rows(model: &Model) -> Table {
         let mut table = Table::new();
         let mut accounts = BTreeMap::new();
         for (address, (account, slots)) in model {
@@ -713,7 +748,7 @@ mod tests {
     }
 
     #[derive(Clone, Debug)]
-    enum Change {
+    pub(crate) enum Change {
         /// The account's nonce set (created if new).
         Account(usize, u64),
         /// The account deleted, with its storage.
@@ -736,7 +771,11 @@ mod tests {
 
     /// One block of changes over `model` as the diff an executor reports (final values of
     /// the touched keys, `wiped` when the storage was dropped during the block).
-    fn block_diff(model: &mut Model, addresses: &[B256], changes: &[Change]) -> HashedStateChanges {
+    pub(crate) fn block_diff(
+        model: &mut Model,
+        addresses: &[B256],
+        changes: &[Change],
+    ) -> HashedStateChanges {
         let mut touched: BTreeMap<B256, (bool, BTreeSet<B256>)> = BTreeMap::new();
         let mut accounts_changed = BTreeSet::new();
         let create = |model: &mut Model, address: B256, accounts_changed: &mut BTreeSet<B256>| {
@@ -807,7 +846,7 @@ mod tests {
         diff
     }
 
-    fn blocks_and_keys() -> impl Strategy<Value = (Vec<B256>, Vec<Vec<Change>>)> {
+    pub(crate) fn blocks_and_keys() -> impl Strategy<Value = (Vec<B256>, Vec<Vec<Change>>)> {
         (
             prop::collection::vec(key(), 6),
             prop::collection::vec(key(), 1..400),

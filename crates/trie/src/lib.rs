@@ -14,12 +14,16 @@
 //!   its children's stored references and only the nodes on changed paths are rewritten.
 //!   Changed nodes are hashed in batches, height by height, eight per pass where the CPU has
 //!   AVX-512 and four where it has AVX2 (`keccak` module; [`TrieConfig::batch_hashing`]).
+//! - [`BoundedNodeStore`]: a store that keeps only the top of each trie in memory (to a depth,
+//!   or a memory budget) and rebuilds the nodes below from the state's leaves, which a
+//!   [`LeafSource`] reads (a database's hashed state).
 //! - [`RawTrie`]: the same engine over raw keys of any length (the ethereum/tests vectors).
 //! - [`reference`](mod@reference): the root by a full alloy-trie `HashBuilder` build, the
 //!   definition the trie is tested against.
 //!
 //! Each computed root is recorded through the `metrics` facade (see [`describe_metrics`]).
 
+mod bounded;
 mod compact;
 mod engine;
 mod error;
@@ -33,6 +37,7 @@ mod state_trie;
 mod store;
 mod undo;
 
+pub use bounded::{BoundedNodeStore, BoundedStoreError, LeafSource, SourceReads};
 pub use compact::{CompactNodes, CompactStorage, CompactTrie, CompactUpdates, compact_branch};
 pub use error::TrieError;
 pub use metrics::describe_metrics;

@@ -327,6 +327,13 @@ impl<S: NodeStore> StateTrie<S> {
         &self.store
     }
 
+    /// The node store, to be changed only in ways that keep the nodes it gives for the
+    /// trie's state (a [`crate::BoundedNodeStore`]'s source and eviction): the trie keeps its
+    /// root apart.
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
     /// Moves the trie onto `store` (the root is read from it) and gives back the store it
     /// had, keeping the pool: two tries with different pools can take turns on one store
     /// without either keeping a copy of the nodes. On an error the trie keeps its store and

@@ -609,6 +609,47 @@ impl MemTrie {
         self.root.is_none() && self.top.is_empty() && self.shards.iter().all(|s| s.is_empty())
     }
 
+    /// Drops every node at a path of `depth` nibbles or more (`depth` at least 1).
+    fn retain_shallower(&mut self, depth: usize) {
+        if depth <= 1 {
+            self.top = Group::default();
+        }
+        // A group holds the nodes one nibble below its key.
+        for shard in &mut self.shards {
+            if shard.keys().any(|parent| parent.len() + 1 >= depth) {
+                let map = Arc::make_mut(shard);
+                map.retain(|parent, _| parent.len() + 1 < depth);
+                map.shrink_to_fit();
+            }
+        }
+    }
+
+    /// The length of the longest path holding a node (0 when there is none below the root).
+    fn max_depth(&self) -> usize {
+        let shards = self
+            .shards
+            .iter()
+            .flat_map(|s| s.keys())
+            .map(|parent| parent.len() + 1)
+            .max();
+        shards.unwrap_or(usize::from(!self.top.is_empty()))
+    }
+
+    /// Number of nodes at paths of `depth` nibbles or more.
+    #[cfg(test)]
+    fn count_from(&self, depth: usize) -> usize {
+        let top = if depth <= 1 { self.top.len() } else { 0 };
+        let root = usize::from(depth == 0 && self.root.is_some());
+        root + top
+            + self
+                .shards
+                .iter()
+                .flat_map(|s| s.iter())
+                .filter(|(parent, _)| parent.len() + 1 >= depth)
+                .map(|(_, group)| group.len())
+                .sum::<usize>()
+    }
+
     /// About how many bytes the trie's maps hold: every allocated map slot (key, group and
     /// control byte) and every spilled group's children.
     fn heap_bytes(&self) -> usize {
@@ -620,7 +661,12 @@ impl MemTrie {
                     + shard.values().filter(|g| g.spill.is_some()).count()
                         * std::mem::size_of::<Spill>()
             })
-            .sum()
+            .sum::<usize>()
+            + self
+                .top
+                .spill
+                .as_ref()
+                .map_or(0, |_| std::mem::size_of::<Spill>())
     }
 
     fn len(&self) -> usize {
@@ -745,11 +791,50 @@ impl MemNodeStore {
     /// allocates): the maps' slots and the spilled groups, not the rare values too long to
     /// keep inline.
     pub fn heap_bytes(&self) -> usize {
+        // Each storage trie also has its own allocation and its sixteen (maybe empty) shards,
+        // each an `Arc` with two counters.
+        let per_trie = std::mem::size_of::<MemTrie>()
+            + 16 * (std::mem::size_of::<GroupMap>() + 2 * std::mem::size_of::<usize>());
+        let slot = std::mem::size_of::<(B256, Arc<MemTrie>)>() + 1;
         self.accounts.heap_bytes()
+            + self.storages.capacity() * slot
             + self
                 .storages
                 .values()
-                .map(|t| t.heap_bytes())
+                .map(|t| per_trie + t.heap_bytes())
+                .sum::<usize>()
+    }
+
+    /// Drops every node at a path of `depth` nibbles or more, in every trie (`depth` at least
+    /// 1: the roots stay), and gives the maps' spare room back.
+    pub fn retain_shallower(&mut self, depth: usize) {
+        let depth = depth.max(1);
+        self.accounts.retain_shallower(depth);
+        for trie in self.storages.values_mut() {
+            if trie.max_depth() >= depth {
+                Arc::make_mut(trie).retain_shallower(depth);
+            }
+        }
+    }
+
+    /// The length of the longest path that holds a node, in any trie.
+    pub fn max_depth(&self) -> usize {
+        self.storages
+            .values()
+            .map(|t| t.max_depth())
+            .chain([self.accounts.max_depth()])
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Number of nodes at paths of `depth` nibbles or more, in every trie.
+    #[cfg(test)]
+    pub(crate) fn count_from(&self, depth: usize) -> usize {
+        self.accounts.count_from(depth)
+            + self
+                .storages
+                .values()
+                .map(|t| t.count_from(depth))
                 .sum::<usize>()
     }
 

@@ -1,0 +1,780 @@
+//! A node store that keeps only the top of every trie in memory: [`BoundedNodeStore`].
+//!
+//! Nodes at paths shorter than the store's depth stay in a [`MemNodeStore`]; the nodes below
+//! are dropped after each block and rebuilt on demand from the state's leaves, which a
+//! [`LeafSource`] reads (inside a node: the hashed state tables with the blocks not yet
+//! persisted on top). Only what can be read back is dropped: a node is a function of the
+//! leaves under its path. A kept branch that a block re-encodes needs the references of all
+//! its children, so a read below the depth rebuilds the whole subtree under the deepest kept
+//! path above it, from one range of leaves, once per block.
+//!
+//! A block reads the state it starts from, then writes its changed nodes (all of them, at any
+//! depth) and its reads of the rows that follow see those writes first; only then are the deep
+//! ones dropped ([`BoundedNodeStore::evict`]) and the source moved to the new state. A node the
+//! block did not rewrite has the same leaves under it before and after the block, so reads
+//! between the writes and the eviction can still come from the old state's leaves, except
+//! where the block deleted a node or wiped a storage trie, which the store remembers until the
+//! eviction.
+//!
+//! The depth can be given a memory budget ([`BoundedNodeStore::with_budget`]): whenever the
+//! nodes kept outgrow it, the depth is lowered one nibble at a time until they fit.
+
+use crate::{
+    HashedAccount,
+    engine::root_of_node,
+    node::{Node, StoredNode, Value},
+    store::{ChildNodes, MemNodeStore, NodeStore, NodeUpdates, StateTrieUpdates, TrieId},
+};
+use alloy_primitives::{
+    B256, U256,
+    map::{HashMap, HashSet},
+};
+use alloy_rlp::Encodable;
+use alloy_trie::{Nibbles, TrieAccount, TrieMask, nodes::RlpNode};
+use std::{
+    borrow::Cow,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+/// The deepest path a state trie has (64 nibbles): a depth above it keeps every node.
+const FULL_DEPTH: usize = 65;
+
+/// The shallowest depth a budget lowers the store to: the root of each trie and its
+/// children. Any shallower and a change anywhere in a trie reads back all of its leaves.
+const MIN_BUDGET_DEPTH: usize = 2;
+
+/// Where a [`BoundedNodeStore`] reads the leaves of the state it holds the top of.
+///
+/// Reads come from several of the trie's worker threads at once.
+pub trait LeafSource: Send + Sync {
+    /// The source's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Appends the accounts whose hashed address starts with `prefix` to `out`, in address
+    /// order.
+    fn accounts(
+        &self,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, HashedAccount)>,
+    ) -> Result<(), Self::Error>;
+
+    /// Appends the non-zero slots of the account `address` whose hashed slot starts with
+    /// `prefix` to `out`, in slot order.
+    fn storage(
+        &self,
+        address: B256,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, U256)>,
+    ) -> Result<(), Self::Error>;
+}
+
+impl<T: LeafSource + ?Sized> LeafSource for Box<T> {
+    type Error = T::Error;
+
+    fn accounts(
+        &self,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, HashedAccount)>,
+    ) -> Result<(), Self::Error> {
+        (**self).accounts(prefix, out)
+    }
+
+    fn storage(
+        &self,
+        address: B256,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, U256)>,
+    ) -> Result<(), Self::Error> {
+        (**self).storage(address, prefix, out)
+    }
+}
+
+/// Why a [`BoundedNodeStore`] could not answer a read.
+#[derive(Debug, thiserror::Error)]
+pub enum BoundedStoreError {
+    /// A node below the kept depth was read while no source was set.
+    #[error(
+        "no leaf source to read {path:?} of {trie:?} from (nodes below depth {depth} are not kept)"
+    )]
+    NoSource {
+        /// The trie.
+        trie: TrieId,
+        /// The path read.
+        path: Nibbles,
+        /// The store's depth.
+        depth: usize,
+    },
+    /// The source failed.
+    #[error("leaf source: {0}")]
+    Source(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The source gave a key outside the range asked for, or keys out of order.
+    #[error(
+        "leaf source gave key {key} for prefix {prefix:?} of {trie:?} (outside it, or out of order)"
+    )]
+    BadLeaves {
+        /// The trie.
+        trie: TrieId,
+        /// The prefix asked for.
+        prefix: Nibbles,
+        /// The offending key.
+        key: B256,
+    },
+}
+
+/// The nodes of the subtree under one path, rebuilt from its leaves.
+type Subtree = HashMap<Nibbles, StoredNode>;
+
+/// Subtrees rebuilt since the source was set, by trie and path; sixteen maps, so that
+/// workers rebuilding different subtrees rarely wait for each other.
+type Rebuilt = [Mutex<HashMap<(TrieId, Nibbles), Arc<Subtree>>>; 16];
+
+/// A [`NodeStore`] that keeps the nodes above a depth in memory and rebuilds the ones below
+/// from a [`LeafSource`] (see the module docs).
+#[derive(Debug)]
+pub struct BoundedNodeStore<L> {
+    mem: MemNodeStore,
+    /// Nodes at paths shorter than this stay between blocks.
+    depth: usize,
+    /// The most bytes the kept nodes may take; `None`: no limit.
+    budget: Option<usize>,
+    /// The leaves of the state the store holds; `None` between a block and the next.
+    source: Option<L>,
+    /// Deep paths written since the last eviction (they are in `mem` until it).
+    written: Vec<(TrieId, Nibbles)>,
+    /// Deep paths deleted since the last eviction.
+    deleted: HashSet<(TrieId, Nibbles)>,
+    /// Storage tries wiped since the last eviction.
+    wiped: HashSet<B256>,
+    rebuilt: Rebuilt,
+    stats: ReadCounters,
+}
+
+/// What a [`BoundedNodeStore`] read from its source since [`BoundedNodeStore::take_reads`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceReads {
+    /// Subtrees rebuilt (one range of leaves read each).
+    pub subtrees: u64,
+    /// Leaves read.
+    pub leaves: u64,
+}
+
+#[derive(Debug, Default)]
+struct ReadCounters {
+    subtrees: AtomicU64,
+    leaves: AtomicU64,
+}
+
+impl<L> Default for BoundedNodeStore<L> {
+    fn default() -> Self {
+        Self::new(FULL_DEPTH)
+    }
+}
+
+impl<L> BoundedNodeStore<L> {
+    /// An empty store keeping the nodes at paths shorter than `depth` (at least 1: the root of
+    /// every trie stays, since its hash is the trie's root). A depth above 64 keeps everything
+    /// and never reads a source.
+    pub fn new(depth: usize) -> Self {
+        Self {
+            mem: MemNodeStore::new(),
+            depth: depth.clamp(1, FULL_DEPTH),
+            budget: None,
+            source: None,
+            written: Vec::new(),
+            deleted: HashSet::default(),
+            wiped: HashSet::default(),
+            rebuilt: Default::default(),
+            stats: ReadCounters::default(),
+        }
+    }
+
+    /// An empty store that keeps every node while they fit in `bytes`, and lowers its depth
+    /// at each eviction while they do not, down to the roots and their children (which it
+    /// keeps whatever the budget).
+    pub fn with_budget(bytes: usize) -> Self {
+        Self {
+            budget: Some(bytes),
+            ..Self::new(FULL_DEPTH)
+        }
+    }
+
+    /// Paths shorter than this are kept between blocks.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Whether every node is kept (nothing is ever read from a source).
+    pub fn keeps_everything(&self) -> bool {
+        self.depth >= FULL_DEPTH
+    }
+
+    /// The nodes in memory.
+    pub fn mem(&self) -> &MemNodeStore {
+        &self.mem
+    }
+
+    /// What was read from the source since the last call.
+    pub fn take_reads(&self) -> SourceReads {
+        SourceReads {
+            subtrees: self.stats.subtrees.swap(0, Ordering::Relaxed),
+            leaves: self.stats.leaves.swap(0, Ordering::Relaxed),
+        }
+    }
+
+    /// Sets the leaves of the state the store holds now, for the reads of the next block.
+    pub fn set_source(&mut self, source: L) {
+        self.clear_rebuilt();
+        self.source = Some(source);
+    }
+
+    /// Drops the nodes below the depth that the last blocks wrote, what was rebuilt, and the
+    /// source (which described the state before those blocks); then, over budget, lowers the
+    /// depth until the kept nodes fit. Call it once the last block's reads are done.
+    pub fn evict(&mut self) {
+        self.clear_rebuilt();
+        self.source = None;
+        self.deleted.clear();
+        self.wiped.clear();
+        if !self.written.is_empty() {
+            let mut drop = StateTrieUpdates::default();
+            for (trie, path) in self.written.drain(..) {
+                match trie {
+                    TrieId::Account => drop.account_nodes.push_delete(path),
+                    TrieId::Storage(owner) => drop
+                        .storage_tries
+                        .entry(owner)
+                        .or_default()
+                        .nodes
+                        .push_delete(path),
+                }
+            }
+            let Ok(()) = self.mem.apply(&drop);
+        }
+        if let Some(budget) = self.budget {
+            while self.depth > MIN_BUDGET_DEPTH && self.mem.heap_bytes() > budget {
+                self.depth = (self.depth - 1)
+                    .min(self.mem.max_depth())
+                    .max(MIN_BUDGET_DEPTH);
+                self.mem.retain_shallower(self.depth);
+                tracing::debug!(
+                    target: "overdrive::trie",
+                    depth = self.depth,
+                    memory_mb = self.mem.heap_bytes() >> 20,
+                    "Node store over its budget: the nodes below a shallower depth are read back from the leaves"
+                );
+            }
+        }
+    }
+
+    fn clear_rebuilt(&mut self) {
+        for shard in &mut self.rebuilt {
+            shard
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+    }
+
+    fn is_deep(&self, path: &Nibbles) -> bool {
+        path.len() >= self.depth
+    }
+
+    /// Records what `nodes` of `trie` wrote and deleted below the depth.
+    fn track(&mut self, trie: TrieId, nodes: &NodeUpdates) {
+        for path in nodes.deletes().iter().filter(|p| p.len() >= self.depth) {
+            self.deleted.insert((trie, *path));
+        }
+        for (path, _) in nodes.writes().filter(|(p, _)| p.len() >= self.depth) {
+            self.deleted.remove(&(trie, *path));
+            self.written.push((trie, *path));
+        }
+    }
+}
+
+impl<L: LeafSource> BoundedNodeStore<L> {
+    /// The node at a deep `path` that is not in memory: from the subtree rebuilt under the
+    /// path's first `depth - 1` nibbles, the deepest kept path above it (a kept branch
+    /// re-encoded needs the references of all its children, so they are rebuilt together).
+    fn rebuilt_node(
+        &self,
+        trie: TrieId,
+        path: &Nibbles,
+    ) -> Result<Option<StoredNode>, BoundedStoreError> {
+        if self.deleted.contains(&(trie, *path)) {
+            return Ok(None);
+        }
+        if let TrieId::Storage(owner) = trie
+            && self.wiped.contains(&owner)
+        {
+            return Ok(None);
+        }
+        // The subtree under the kept path above: its top may not be a node of the trie (a
+        // node higher up may span the path), but every node below the top is where its
+        // leaves diverge or under a branch there, in the trie as in the subtree.
+        let entry = path.slice(..self.depth - 1);
+        let subtree = self.subtree(trie, &entry)?;
+        Ok(subtree.get(path).cloned())
+    }
+
+    /// The subtree under `entry` built from the source's leaves, rebuilt once per source.
+    fn subtree(&self, trie: TrieId, entry: &Nibbles) -> Result<Arc<Subtree>, BoundedStoreError> {
+        let shard = &self.rebuilt[shard_of(trie, entry)];
+        let key = (trie, *entry);
+        if let Some(subtree) = shard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
+            return Ok(subtree.clone());
+        }
+        let source = self.source.as_ref().ok_or(BoundedStoreError::NoSource {
+            trie,
+            path: *entry,
+            depth: self.depth,
+        })?;
+        let leaves = self.leaves(source, trie, entry)?;
+        self.stats.subtrees.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .leaves
+            .fetch_add(leaves.len() as u64, Ordering::Relaxed);
+        let mut subtree = Subtree::default();
+        if !leaves.is_empty() {
+            build(*entry, &leaves, &mut subtree);
+        }
+        let subtree = Arc::new(subtree);
+        // Two workers may rebuild the same subtree at once: both get the same nodes.
+        shard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, subtree.clone());
+        Ok(subtree)
+    }
+
+    /// The leaves under `prefix` of `trie`, as the trie keeps them (an account's with its
+    /// storage root, from the storage trie's root node in memory).
+    fn leaves(
+        &self,
+        source: &L,
+        trie: TrieId,
+        prefix: &Nibbles,
+    ) -> Result<Vec<(Nibbles, Value)>, BoundedStoreError> {
+        let source_error = |e: L::Error| BoundedStoreError::Source(Box::new(e));
+        let mut leaves = Vec::new();
+        let mut out = Vec::new();
+        match trie {
+            TrieId::Account => {
+                let mut accounts = Vec::new();
+                source
+                    .accounts(prefix, &mut accounts)
+                    .map_err(source_error)?;
+                check_keys(trie, prefix, accounts.iter().map(|(k, _)| *k))?;
+                for (address, account) in accounts {
+                    let Ok(root) = self.mem.get(TrieId::Storage(address), &Nibbles::new());
+                    let leaf = TrieAccount {
+                        nonce: account.nonce,
+                        balance: account.balance,
+                        storage_root: root_of_node(root.as_deref()),
+                        code_hash: account.code_hash,
+                    };
+                    out.clear();
+                    leaf.encode(&mut out);
+                    leaves.push((Nibbles::unpack(address), Value::new(&out)));
+                }
+            }
+            TrieId::Storage(owner) => {
+                let mut slots = Vec::new();
+                source
+                    .storage(owner, prefix, &mut slots)
+                    .map_err(source_error)?;
+                check_keys(trie, prefix, slots.iter().map(|(k, _)| *k))?;
+                for (slot, value) in slots.into_iter().filter(|(_, v)| !v.is_zero()) {
+                    out.clear();
+                    value.encode(&mut out);
+                    leaves.push((Nibbles::unpack(slot), Value::new(&out)));
+                }
+            }
+        }
+        Ok(leaves)
+    }
+}
+
+/// Which map of [`Rebuilt`] a subtree goes to.
+fn shard_of(trie: TrieId, entry: &Nibbles) -> usize {
+    let owner = match trie {
+        TrieId::Account => 0,
+        TrieId::Storage(owner) => owner[0],
+    };
+    let last = entry.last().unwrap_or(0);
+    usize::from((owner ^ last) & 0xf)
+}
+
+/// Checks that `keys` are sorted, unique and under `prefix`: a subtree built from anything
+/// else would be a wrong node, not an error.
+fn check_keys(
+    trie: TrieId,
+    prefix: &Nibbles,
+    keys: impl Iterator<Item = B256>,
+) -> Result<(), BoundedStoreError> {
+    let mut last: Option<B256> = None;
+    for key in keys {
+        if last.is_some_and(|last| last >= key) || !Nibbles::unpack(key).starts_with(prefix) {
+            return Err(BoundedStoreError::BadLeaves {
+                trie,
+                prefix: *prefix,
+                key,
+            });
+        }
+        last = Some(key);
+    }
+    Ok(())
+}
+
+/// Builds the subtree of `leaves` (sorted, unique, 64-nibble keys under `path`, at least one)
+/// as if `path` were a node's place, adding every node to `out`; returns the reference of the
+/// node at `path`.
+fn build(path: Nibbles, leaves: &[(Nibbles, Value)], out: &mut Subtree) -> RlpNode {
+    let (node, children) = match leaves {
+        [(key, value)] => (
+            Node::Leaf {
+                key: key.slice(path.len()..),
+                value: value.clone(),
+            },
+            Vec::new(),
+        ),
+        [(first, _), .., (last, _)] if first.common_prefix_length(last) > path.len() => {
+            let fork = first.slice(..first.common_prefix_length(last));
+            let child = build(fork, leaves, out);
+            let key = fork.slice(path.len()..);
+            (Node::Extension { key, child }, Vec::new())
+        }
+        _ => {
+            let at = path.len();
+            let mut state_mask = TrieMask::default();
+            let mut children = Vec::with_capacity(16);
+            let mut rest = leaves;
+            while let Some((key, _)) = rest.first() {
+                let nibble = key.get_unchecked(at);
+                let end = rest
+                    .iter()
+                    .position(|(k, _)| k.get_unchecked(at) != nibble)
+                    .unwrap_or(rest.len());
+                let mut child = path;
+                child.push_unchecked(nibble);
+                children.push(build(child, &rest[..end], out));
+                state_mask.set_bit(nibble);
+                rest = &rest[end..];
+            }
+            (
+                Node::Branch {
+                    state_mask,
+                    value: None,
+                },
+                children,
+            )
+        }
+    };
+    let reference = node.reference(&children);
+    out.insert(
+        path,
+        StoredNode {
+            node,
+            reference: reference.clone(),
+        },
+    );
+    reference
+}
+
+impl<L: LeafSource> NodeStore for BoundedNodeStore<L> {
+    type Error = BoundedStoreError;
+
+    fn get(
+        &self,
+        trie: TrieId,
+        path: &Nibbles,
+    ) -> Result<Option<Cow<'_, StoredNode>>, BoundedStoreError> {
+        let Ok(node) = self.mem.get(trie, path);
+        if node.is_some() || !self.is_deep(path) {
+            return Ok(node);
+        }
+        Ok(self.rebuilt_node(trie, path)?.map(Cow::Owned))
+    }
+
+    fn get_child_nodes(
+        &self,
+        trie: TrieId,
+        path: &Nibbles,
+        nibbles: TrieMask,
+    ) -> Result<ChildNodes<'_>, BoundedStoreError> {
+        if path.len() + 1 < self.depth {
+            let Ok(children) = self.mem.get_child_nodes(trie, path, nibbles);
+            return Ok(children);
+        }
+        let mut mask = TrieMask::default();
+        let mut refs = Vec::with_capacity(nibbles.count_ones() as usize);
+        let mut nodes = Vec::with_capacity(refs.capacity());
+        for nibble in nibbles.iter() {
+            let mut child = *path;
+            child.push_unchecked(nibble);
+            if let Some(stored) = self.get(trie, &child)? {
+                let stored = stored.into_owned();
+                mask.set_bit(nibble);
+                refs.push(stored.reference);
+                nodes.push(stored.node);
+            }
+        }
+        Ok(ChildNodes::new(mask, Cow::Owned(refs), Cow::Owned(nodes)))
+    }
+
+    fn prefetch_children(&self, trie: TrieId, path: &Nibbles, nibbles: TrieMask) {
+        if path.len() + 1 < self.depth {
+            self.mem.prefetch_children(trie, path, nibbles);
+        }
+    }
+
+    fn apply(&mut self, updates: &StateTrieUpdates) -> Result<(), BoundedStoreError> {
+        if !self.keeps_everything() {
+            self.track(TrieId::Account, &updates.account_nodes);
+            for (owner, storage) in &updates.storage_tries {
+                if storage.wiped {
+                    self.wiped.insert(*owner);
+                }
+                self.track(TrieId::Storage(*owner), &storage.nodes);
+            }
+        }
+        let Ok(()) = self.mem.apply(updates);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        CompactTrie, StateRootOutput, StateTrie, TrieConfig,
+        compact::tests::{Model, Table, block_diff, blocks_and_keys, expected_rows, write_rows},
+    };
+    use proptest::prelude::*;
+    use std::convert::Infallible;
+
+    /// The leaves of a model state.
+    #[derive(Clone, Debug)]
+    struct ModelLeaves(Arc<Model>);
+
+    impl LeafSource for ModelLeaves {
+        type Error = Infallible;
+
+        fn accounts(
+            &self,
+            prefix: &Nibbles,
+            out: &mut Vec<(B256, HashedAccount)>,
+        ) -> Result<(), Infallible> {
+            out.extend(
+                self.0
+                    .iter()
+                    .filter(|(k, _)| Nibbles::unpack(*k).starts_with(prefix))
+                    .map(|(k, (account, _))| (*k, *account)),
+            );
+            Ok(())
+        }
+
+        fn storage(
+            &self,
+            address: B256,
+            prefix: &Nibbles,
+            out: &mut Vec<(B256, U256)>,
+        ) -> Result<(), Infallible> {
+            if let Some((_, slots)) = self.0.get(&address) {
+                out.extend(
+                    slots
+                        .iter()
+                        .filter(|(k, _)| Nibbles::unpack(*k).starts_with(prefix))
+                        .map(|(k, v)| (*k, *v)),
+                );
+            }
+            Ok(())
+        }
+    }
+
+    type Bounded = CompactTrie<BoundedNodeStore<ModelLeaves>>;
+
+    fn config(threads: usize) -> TrieConfig {
+        TrieConfig {
+            threads,
+            parallel_threshold: 2,
+            ..TrieConfig::default()
+        }
+    }
+
+    fn bounded(store: BoundedNodeStore<ModelLeaves>, threads: usize) -> Bounded {
+        CompactTrie::new(StateTrie::new(store, config(threads)).unwrap())
+    }
+
+    fn full(threads: usize) -> CompactTrie {
+        CompactTrie::new(StateTrie::new(MemNodeStore::new(), config(threads)).unwrap())
+    }
+
+    /// One block on both tries: the bounded one reading `before`'s leaves. Both must give the
+    /// same output; returns it with the bounded trie's rows and undo batch.
+    fn step(
+        bounded: &mut Bounded,
+        full: &mut CompactTrie,
+        before: &Model,
+        diff: &crate::HashedStateChanges,
+    ) -> (StateRootOutput, crate::CompactUpdates, StateRootOutput) {
+        bounded
+            .store_mut()
+            .set_source(ModelLeaves(Arc::new(before.clone())));
+        let output = bounded.trie().compute(diff).unwrap();
+        let expected = full.trie().compute(diff).unwrap();
+        assert_eq!(output.root, expected.root);
+        assert_eq!(output.updates, expected.updates);
+        let (rows, undo) = bounded.commit_with_undo(&output).unwrap();
+        let (expected_rows, expected_undo) = full.commit_with_undo(&expected).unwrap();
+        assert_eq!(rows, expected_rows);
+        assert_eq!(undo.updates, expected_undo.updates);
+        bounded.evict();
+        (output, rows, undo)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(32), ..ProptestConfig::default() })]
+
+        /// Blocks of inserts, updates, deletes, wipes and re-created accounts over keys with
+        /// long shared prefixes, on a store that keeps only the nodes above `depth`: every
+        /// root, node batch, row and undo batch equals the in-memory trie's, and so do the
+        /// blocks taken back with the undo batches and new blocks after them.
+        #[test]
+        fn a_bounded_store_gives_what_the_full_one_gives(
+            (addresses, blocks) in blocks_and_keys(),
+            depth in 1..8usize,
+            threads in 1..4usize,
+            back in 1..4usize,
+        ) {
+            let mut model = Model::new();
+            let mut bounded = bounded(BoundedNodeStore::new(depth), threads);
+            let mut full = full(threads);
+            let mut table = Table::new();
+            let mut history = Vec::new();
+            for changes in &blocks {
+                let before = model.clone();
+                let diff = block_diff(&mut model, &addresses, changes);
+                let (_, rows, undo) = step(&mut bounded, &mut full, &before, &diff);
+                write_rows(&mut table, &rows);
+                prop_assert_eq!(&table, &expected_rows(&model));
+                prop_assert!(bounded.trie().store().mem().count_from(depth) == 0);
+                history.push((undo, before));
+            }
+            for _ in 0..back.min(history.len()) {
+                let (undo, before) = history.pop().unwrap();
+                bounded.store_mut().set_source(ModelLeaves(Arc::new(model.clone())));
+                bounded.commit_without_rows(&undo).unwrap();
+                bounded.evict();
+                full.commit_without_rows(&undo).unwrap();
+                prop_assert_eq!(bounded.trie().root(), full.trie().root());
+                model = before;
+            }
+            for changes in blocks.iter().rev() {
+                let before = model.clone();
+                let diff = block_diff(&mut model, &addresses, changes);
+                step(&mut bounded, &mut full, &before, &diff);
+            }
+        }
+
+        /// A budget lowers the depth until the kept nodes fit (or only the roots and their
+        /// children are left), and the trie goes on giving the full trie's roots and rows.
+        #[test]
+        fn a_budget_lowers_the_depth(
+            (addresses, blocks) in blocks_and_keys(),
+            budget in 0..20_000usize,
+        ) {
+            let mut model = Model::new();
+            let mut bounded = bounded(BoundedNodeStore::with_budget(budget), 2);
+            let mut full = full(2);
+            for changes in &blocks {
+                let before = model.clone();
+                let diff = block_diff(&mut model, &addresses, changes);
+                step(&mut bounded, &mut full, &before, &diff);
+                let store = bounded.trie().store();
+                prop_assert!(store.depth() == 2 || store.mem().heap_bytes() <= budget);
+            }
+        }
+    }
+
+    /// Accounts created in one block, then one of them changed: with only the root and its
+    /// children kept, the change reads back the one subtree under the account's first nibble.
+    #[test]
+    fn a_change_reads_back_the_subtree_it_falls_in() {
+        let mut model = Model::new();
+        let keys: Vec<B256> = (0u8..=255)
+            .map(|i| alloy_primitives::keccak256([i]))
+            .collect();
+        let created: Vec<_> = (0..keys.len())
+            .map(|a| crate::compact::tests::Change::Account(a, 1))
+            .collect();
+        let mut trie = bounded(BoundedNodeStore::new(2), 2);
+        let mut full = full(2);
+        let before = model.clone();
+        let diff = block_diff(&mut model, &keys, &created);
+        step(&mut trie, &mut full, &before, &diff);
+        assert_eq!(
+            trie.trie().store().mem().len(),
+            17,
+            "the root and its children are kept"
+        );
+        // (The undo batch looked for the new nodes in the empty state before.)
+        trie.trie().store().take_reads();
+
+        let before = model.clone();
+        let diff = block_diff(
+            &mut model,
+            &keys,
+            &[crate::compact::tests::Change::Account(7, 9)],
+        );
+        step(&mut trie, &mut full, &before, &diff);
+        let under = Nibbles::unpack(keys[7]).slice(..1);
+        let expected = keys
+            .iter()
+            .filter(|k| Nibbles::unpack(*k).starts_with(&under))
+            .count() as u64;
+        let reads = trie.trie().store().take_reads();
+        assert_eq!(reads.subtrees, 1);
+        assert_eq!(reads.leaves, expected);
+    }
+
+    #[test]
+    fn a_deep_read_without_a_source_is_an_error() {
+        let mut model = Model::new();
+        let keys: Vec<B256> = (0u8..40)
+            .map(|i| alloy_primitives::keccak256([i]))
+            .collect();
+        let changes: Vec<_> = (0..keys.len())
+            .map(|a| crate::compact::tests::Change::Account(a, 1))
+            .collect();
+        let diff = block_diff(&mut model, &keys, &changes);
+        let mut trie = bounded(BoundedNodeStore::new(1), 1);
+        trie.store_mut().set_source(ModelLeaves(Arc::default()));
+        let output = trie.trie().compute(&diff).unwrap();
+        trie.commit(&output).unwrap();
+        trie.evict();
+        let diff = block_diff(
+            &mut model,
+            &keys,
+            &[crate::compact::tests::Change::Account(3, 9)],
+        );
+        let error = trie.trie().compute(&diff).unwrap_err();
+        assert!(error.to_string().contains("no leaf source"), "{error}");
+    }
+
+    #[test]
+    fn leaves_out_of_order_are_an_error() {
+        let keys = [B256::repeat_byte(2), B256::repeat_byte(1)];
+        let error = check_keys(TrieId::Account, &Nibbles::new(), keys.into_iter()).unwrap_err();
+        assert!(matches!(error, BoundedStoreError::BadLeaves { .. }));
+        let outside = [B256::repeat_byte(0x11)];
+        let prefix = Nibbles::from_nibbles([2]);
+        assert!(check_keys(TrieId::Account, &prefix, outside.into_iter()).is_err());
+    }
+}
