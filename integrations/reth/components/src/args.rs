@@ -92,6 +92,13 @@ pub struct OverdriveArgs {
     /// Threads of overdrive's trie [default: the machine's cores].
     #[arg(long = "overdrive.trie.threads", value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub trie_threads: Option<u16>,
+
+    /// Memory for overdrive's trie nodes, in MiB [default: the whole trie is kept]. The levels
+    /// that do not fit are read back from the hashed state tables when a block changes them;
+    /// the root of each trie and its children are kept whatever the budget (0 keeps only
+    /// those).
+    #[arg(long = "overdrive.trie.cache-mb", value_name = "MIB")]
+    pub trie_cache_mb: Option<u32>,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -116,6 +123,7 @@ impl Default for OverdriveArgs {
             merkle_no_fallback: false,
             state_root: StateRootMode::default(),
             trie_threads: None,
+            trie_cache_mb: None,
         }
     }
 }
@@ -181,8 +189,12 @@ impl OverdriveArgs {
         let root = match self.state_root {
             StateRootMode::Reth => "state root: reth".to_string(),
             StateRootMode::Overdrive => format!(
-                "state root: overdrive parallel ({} threads)",
-                threads(self.trie_threads)
+                "state root: overdrive parallel ({} threads, {})",
+                threads(self.trie_threads),
+                match self.trie_cache_mb {
+                    Some(mb) => format!("nodes kept to {mb} MiB"),
+                    None => "whole trie kept".to_string(),
+                }
             ),
         };
         format!("{exec}; {pool}; {merkle}; {root}")
@@ -194,6 +206,7 @@ impl OverdriveArgs {
             let defaults = StateRootConfig::default();
             StateRootConfig {
                 threads: self.trie_threads.map_or(defaults.threads, usize::from),
+                cache_mb: self.trie_cache_mb.map(|mb| mb as usize),
                 ..defaults
             }
         })
@@ -362,10 +375,18 @@ mod tests {
         assert_eq!(rest, ["overdrive-reth", "node", "--dev"]);
         assert!(args.any_on() && !args.import_on());
         assert_eq!(args.state_root_config().map(|c| c.threads), Some(3));
+        assert_eq!(args.state_root_config().and_then(|c| c.cache_mb), None);
         assert!(
             args.summary()
-                .ends_with("state root: overdrive parallel (3 threads)")
+                .ends_with("state root: overdrive parallel (3 threads, whole trie kept)")
         );
+        let (_, args) = split(
+            "overdrive-reth node --overdrive.state-root overdrive --overdrive.trie.cache-mb 512",
+        )
+        .unwrap();
+        assert_eq!(args.state_root_config().and_then(|c| c.cache_mb), Some(512));
+        assert!(args.summary().ends_with("nodes kept to 512 MiB)"));
+        assert!(split("overdrive-reth node --overdrive.trie.cache-mb lots").is_err());
         let (_, args) = split("overdrive-reth node --overdrive.state-root reth").unwrap();
         assert_eq!(args.state_root_config(), None);
         assert!(split("overdrive-reth node --overdrive.state-root fast").is_err());

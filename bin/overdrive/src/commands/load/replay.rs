@@ -36,6 +36,10 @@ pub struct ReplayArgs {
     /// Threads of the component.
     #[arg(long, default_value_t = 2, value_parser = crate::commands::positive)]
     threads: usize,
+    /// With `--component state-root`: the memory overdrive's trie keeps its nodes in, in MiB
+    /// (`--overdrive.trie.cache-mb`; default: the whole trie).
+    #[arg(long, value_name = "MIB")]
+    trie_cache_mb: Option<u32>,
     /// Where the nodes' datadirs and logs go.
     #[arg(long, default_value = "replay-report")]
     out: PathBuf,
@@ -61,7 +65,8 @@ struct Replayed {
 /// reth's metrics count them, by table kind: the counters of reth's `StateRoot` (its
 /// synchronous root: the walker's trie seeks, the node iterator's hashed seeks and nexts) and
 /// those of the proof workers of its sparse-trie task (every cursor operation). overdrive's
-/// trie reads none of them per block, so its node's figures count only reth's code.
+/// trie reads the hashed tables only for the levels it does not keep (`--overdrive.trie.cache-mb`):
+/// a seek for each subtree it reads back and a next for each leaf.
 const TABLES: [(&str, &[&str]); 2] = [
     (
         "trie tables",
@@ -76,6 +81,8 @@ const TABLES: [(&str, &[&str]); 2] = [
             "reth_trie_node_iter_leaf_nodes_seeked_total",
             "reth_trie_node_iter_leaf_nodes_advanced_total",
             "reth_trie_hashed_cursor_operations_sum",
+            "reth_overdrive_state_root_subtrees_read_total",
+            "reth_overdrive_state_root_leaves_read_total",
         ],
     ),
 ];
@@ -94,7 +101,14 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
     let reth = super::reth_binary(args.reth_bin.clone())?;
     std::fs::create_dir_all(&args.out)?;
     let threads = args.threads.to_string();
-    let runs = super::stock_and_overdrive(args.component, &threads, false);
+    let cache_mb = args.trie_cache_mb.map(|mb| mb.to_string());
+    let mut runs = super::stock_and_overdrive(args.component, &threads, false);
+    if let Some(mb) = &cache_mb {
+        if args.component != Component::StateRoot {
+            bail!("--trie-cache-mb is a setting of --component state-root");
+        }
+        runs[1].1.extend(["--overdrive.trie.cache-mb", mb.as_str()]);
+    }
     let mut results = Vec::new();
     for (label, flags) in runs {
         let datadir = args.out.join(format!("{label}-data"));

@@ -82,6 +82,58 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
     println!("head {head}; {ours} roots from overdrive's trie after the restart; {rows}");
 }
 
+/// With `--overdrive.trie.cache-mb 0` the trie keeps only the root of each trie and its
+/// children: every block, built or validated, reads the levels below back from reth's hashed
+/// state tables with the blocks not yet persisted on top (three are kept in memory here), and
+/// its roots and rows are still reth's.
+#[test]
+fn a_trie_kept_to_its_top_levels_reads_the_rest_from_the_database() {
+    let workload = overdrive_workload::generate(&WorkloadConfig {
+        accounts: 300,
+        txs_per_block: 100,
+        blocks: 8,
+        pairs: 8,
+        ..WorkloadConfig::new(WorkloadKind::Uniswap)
+    })
+    .unwrap();
+    let (dir, genesis) = write_genesis(&workload, "state-root-cache");
+    let flags = [
+        "--dev.block-time",
+        "1s",
+        "--overdrive.state-root",
+        "overdrive",
+        "--overdrive.trie.threads",
+        "2",
+        "--overdrive.trie.cache-mb",
+        "0",
+        "--engine.persistence-threshold",
+        "3",
+    ];
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
+    for block in workload.blocks.chunks(1) {
+        support::send_raw(http, &support::raw_transactions(block), true);
+        wait_mined(http, last_transaction(block));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let ours = assert_roots_from_overdrive(metrics, dir.path());
+    let page = support::http(metrics, "/", None).unwrap();
+    let subtrees = support::counter(&page, "overdrive_state_root_subtrees_read_total", "");
+    let leaves = support::counter(&page, "overdrive_state_root_leaves_read_total", "");
+    assert!(subtrees >= ours && leaves > subtrees, "{page}");
+    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
+    let built = log
+        .lines()
+        .find(|l| l.contains("Built overdrive's trie"))
+        .unwrap_or_else(|| panic!("no trie built:\n{}", tail(&log)));
+    assert!(built.contains("kept_depth=2"), "{built}");
+    let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
+    assert!(head >= 8, "head {head}");
+    println!(
+        "head {head}; {ours} roots from overdrive's trie, {subtrees} subtrees ({leaves} leaves) read back; {rows}\n{built}"
+    );
+}
+
 /// Every workload, mined by a `--dev` node whose payload builder and engine both take their
 /// roots from overdrive's trie: the builder's root (from the transactions' state updates as
 /// they execute) is the one the engine validates (from reth's bundle), no block falls back to

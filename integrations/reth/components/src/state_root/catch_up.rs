@@ -93,7 +93,7 @@ impl Tip {
             return Ok(0);
         }
         for next in path.iter().rev() {
-            let output = self.trie.trie().compute(&next.changes)?;
+            let output = self.compute(&next.changes)?;
             if output.root != next.root {
                 return Err(CatchUpError::Root {
                     block: next.block,

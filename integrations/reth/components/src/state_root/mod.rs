@@ -1,7 +1,10 @@
 //! `--overdrive.state-root overdrive`: the state root of each block the engine validates,
 //! computed by overdrive's parallel trie (`overdrive-trie`) as reth's `StateRootStrategy`.
 //!
-//! The trie is kept in memory, one copy of it. At launch it is built from reth's hashed state
+//! The trie is kept in memory, one copy of it: whole, or with `--overdrive.trie.cache-mb` only
+//! its top levels, as many as fit the budget, the nodes below read back from reth's hashed
+//! state tables (with the blocks not yet persisted on top) when a block changes them
+//! (`leaves`, [`BoundedNodeStore`]). At launch it is built from reth's hashed state
 //! tables and its root checked against the database head's header; after that it follows the
 //! blocks the engine validates: a block whose parent is the trie's block, or one of the last
 //! [`StateRootConfig::blocks_kept`] blocks before it, gets its root from the trie (stepped back
@@ -22,11 +25,11 @@
 //! so a root the two disagree on is an invalid block, never a wrong database.
 
 use alloy_consensus::BlockHeader;
-use alloy_primitives::{B256, KECCAK256_EMPTY as KECCAK_EMPTY};
+use alloy_primitives::{B256, KECCAK256_EMPTY as KECCAK_EMPTY, U256};
 use alloy_rpc_types_engine::ExecutionData;
 use overdrive_trie::{
-    CompactNodes, CompactTrie, CompactUpdates, HashedAccount, HashedStateChanges,
-    HashedStorageChanges, StateRootOutput, StateTrie, TrieConfig, TrieError,
+    BoundedNodeStore, CompactNodes, CompactTrie, CompactUpdates, HashedAccount, HashedStateChanges,
+    HashedStorageChanges, LeafSource, Nibbles, StateRootOutput, StateTrie, TrieConfig, TrieError,
 };
 use reth_db_api::{cursor::DbCursorRO, tables, transaction::DbTx};
 use reth_engine_tree::tree::{
@@ -50,7 +53,7 @@ use reth_provider::{
     ProviderError, ProviderResult, PruneCheckpointReader, StageCheckpointReader, StateRootProvider,
     StorageSettingsCache, TryIntoHistoricalStateProvider,
 };
-use reth_storage_overlay::OverlayManager;
+use reth_storage_overlay::{OverlayManager, OverlayStateProviderFactory};
 use reth_trie::{
     HashedPostState,
     updates::{StorageTrieUpdates, TrieUpdates},
@@ -68,9 +71,11 @@ use tracing::{debug, error, info, warn};
 
 use crate::OverdriveNode;
 use catch_up::{CatchUp, Missed};
+use leaves::OverlayLeaves;
 use payload::PayloadRootSink;
 
 mod catch_up;
+mod leaves;
 mod payload;
 #[cfg(test)]
 mod tests;
@@ -85,6 +90,9 @@ pub struct StateRootConfig {
     /// How many of the last blocks the trie computed it can step back over, for a block that
     /// turns out invalid or a fork from one of them.
     pub blocks_kept: usize,
+    /// The most memory the trie's nodes may take, in MiB: the levels that do not fit are read
+    /// back from the database when a block changes them. `None`: the whole trie is kept.
+    pub cache_mb: Option<usize>,
 }
 
 impl Default for StateRootConfig {
@@ -92,20 +100,43 @@ impl Default for StateRootConfig {
         Self {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             blocks_kept: 16,
+            cache_mb: None,
         }
     }
 }
 
+/// The leaves of the state at a block, which a trie that keeps only its top levels reads the
+/// rest from.
+type Leaves = Box<dyn LeafSource<Error = ProviderError>>;
+
+/// Opens the leaves of the state at a block.
+type LeavesAt = Arc<dyn Fn(B256) -> ProviderResult<Leaves> + Send + Sync>;
+
+/// overdrive's trie: its top levels, or all of it, in memory.
+type Trie = CompactTrie<BoundedNodeStore<Leaves>>;
+
 /// overdrive's trie at the newest block it computed, and how to step back from there.
-#[derive(Debug)]
 struct Tip {
     /// The block whose state the trie holds.
     block: B256,
-    trie: CompactTrie,
+    trie: Trie,
     /// The last blocks committed, newest last: each block, its parent, and the batch that takes
     /// the trie from the block back to the parent.
     undo: VecDeque<(B256, B256, StateRootOutput)>,
     limit: usize,
+    /// Where the levels the trie does not keep are read back from.
+    leaves: Option<LeavesAt>,
+}
+
+impl std::fmt::Debug for Tip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tip")
+            .field("block", &self.block)
+            .field("root", &self.trie.trie().root())
+            .field("depth", &self.trie.trie().store().depth())
+            .field("undo", &self.undo.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Tip {
@@ -126,9 +157,38 @@ impl Tip {
             // The rows of going back are not reth's to write: reth keeps each block's rows
             // with that block, and the next block's rows are taken against the parent.
             self.trie.commit_without_rows(&undo)?;
+            self.trie.evict();
             self.block = parent;
         }
         Ok(true)
+    }
+
+    /// Points the trie at the leaves of its block, for the reads of a block on top (a trie
+    /// that keeps every node reads none). Without a source such reads fail with an error.
+    fn read_at_block(&mut self) -> Result<(), TrieError> {
+        if let Some(leaves) = &self.leaves
+            && !self.trie.trie().store().keeps_everything()
+        {
+            let source = leaves(self.block).map_err(|e| TrieError::Store(Box::new(e)))?;
+            self.trie.store_mut().set_source(source);
+        }
+        Ok(())
+    }
+
+    /// `changes`' root and node changes over the trie's block.
+    fn compute(&mut self, changes: &HashedStateChanges) -> Result<StateRootOutput, TrieError> {
+        self.read_at_block()?;
+        self.trie.trie().compute(changes)
+    }
+
+    /// Drops the nodes the trie keeps only for the block's reads, counting what was read back.
+    fn settle(&mut self) {
+        self.trie.evict();
+        let reads = self.trie.trie().store().take_reads();
+        if reads.subtrees > 0 {
+            metrics::counter!("overdrive_state_root_subtrees_read_total").increment(reads.subtrees);
+            metrics::counter!("overdrive_state_root_leaves_read_total").increment(reads.leaves);
+        }
     }
 
     /// Commits `output` as `block`'s, keeping the batch that takes it back; returns the rows.
@@ -137,7 +197,9 @@ impl Tip {
         block: B256,
         output: &StateRootOutput,
     ) -> Result<CompactUpdates, TrieError> {
-        let (rows, undo) = self.trie.commit_with_undo(output)?;
+        let committed = self.trie.commit_with_undo(output);
+        self.settle();
+        let (rows, undo) = committed?;
         self.undo.push_back((block, self.block, undo));
         if self.undo.len() > self.limit {
             self.undo.pop_front();
@@ -150,7 +212,9 @@ impl Tip {
     /// committed and taken back).
     fn rows_of(&mut self, output: &StateRootOutput) -> Result<CompactUpdates, TrieError> {
         let (rows, undo) = self.trie.commit_with_undo(output)?;
-        self.trie.commit_without_rows(&undo)?;
+        let taken_back = self.trie.commit_without_rows(&undo);
+        self.settle();
+        taken_back?;
         Ok(rows)
     }
 }
@@ -225,14 +289,14 @@ impl OverdriveStateRoot {
     /// trie. Then, as whenever the trie no longer reaches the chain (after a pipeline backfill,
     /// or a reorg deeper than the blocks it keeps), the strategy builds it again from `factory`
     /// in the background once the engine validates blocks.
-    pub fn load<F>(factory: F, config: StateRootConfig) -> Self
+    pub fn load<F>(factory: F, config: StateRootConfig, leaves: Option<LeavesAt>) -> Self
     where
         F: DatabaseProviderFactory<Provider: DBProvider + BlockNumReader + HeaderProvider>
             + Send
             + Sync
             + 'static,
     {
-        let tip = build_tip(&factory, config)
+        let tip = build_tip(&factory, config, leaves.clone())
             .inspect_err(|error| {
                 warn!(target: TARGET, %error, "Could not build overdrive's trie at launch: reth's state root until it is rebuilt");
             })
@@ -241,7 +305,7 @@ impl OverdriveStateRoot {
             default: DefaultStateRootStrategy::default(),
             shared: Arc::new(Shared::new(
                 tip,
-                Box::new(move || build_tip(&factory, config)),
+                Box::new(move || build_tip(&factory, config, leaves.clone())),
             )),
         }
     }
@@ -249,7 +313,11 @@ impl OverdriveStateRoot {
 
 /// overdrive's trie of the database's head, built from reth's hashed state tables, its root
 /// checked against the head's header.
-fn build_tip<F>(factory: &F, config: StateRootConfig) -> eyre::Result<Tip>
+///
+/// Built sixteen parts one after another, the accounts under each first nibble with their
+/// storage, so that a trie with a memory budget drops the levels it does not keep after each
+/// part instead of holding the whole trie once.
+fn build_tip<F>(factory: &F, config: StateRootConfig, leaves: Option<LeavesAt>) -> eyre::Result<Tip>
 where
     F: DatabaseProviderFactory<Provider: DBProvider + BlockNumReader + HeaderProvider>,
 {
@@ -259,30 +327,50 @@ where
     let header = provider
         .sealed_header(head)?
         .ok_or(ProviderError::HeaderNotFound(head.into()))?;
-    info!(target: TARGET, head, "Building overdrive's trie from the hashed state");
-    let state = read_hashed_state(provider.tx_ref())?;
-    drop(provider);
-    let (accounts, storages) = (state.accounts.len(), state.storages.len());
-    let mut trie = StateTrie::new(
-        overdrive_trie::MemNodeStore::new(),
-        TrieConfig::with_threads(config.threads),
-    )?;
-    let output = trie.apply(&state)?;
-    drop(state);
-    if output.root != header.state_root() {
+    info!(target: TARGET, head, cache_mb = ?config.cache_mb, "Building overdrive's trie from the hashed state");
+    let store = match config.cache_mb {
+        Some(mb) => BoundedNodeStore::with_budget(mb << 20),
+        None => BoundedNodeStore::default(),
+    };
+    let mut trie: StateTrie<BoundedNodeStore<Leaves>> =
+        StateTrie::new(store, TrieConfig::with_threads(config.threads))?;
+    let (mut accounts, mut storages) = (0, 0);
+    for nibble in 0..16 {
+        let part = read_hashed_state(provider.tx_ref(), nibble)?;
+        accounts += part.accounts.len();
+        storages += part.storages.len();
+        if let Some(leaves) = &leaves
+            && !trie.store().keeps_everything()
+        {
+            // The parts built so far, for the reads of a node an earlier part left below
+            // the kept levels (where this part joins the account trie).
+            let built = BuiltParts {
+                leaves: leaves(header.hash())?,
+                below: nibble,
+            };
+            trie.store_mut().set_source(Box::new(built));
+        }
+        let output = trie.compute(&part)?;
+        trie.commit(&output)?;
+        trie.store_mut().evict();
+    }
+    if trie.root() != header.state_root() {
         eyre::bail!(
             "overdrive's trie of block {head} has root {}, the header says {}: the database's hashed state and its head disagree",
-            output.root,
+            trie.root(),
             header.state_root()
         );
     }
+    drop(provider);
+    let store = trie.store();
     info!(
         target: TARGET,
         head,
         accounts,
         storage_tries = storages,
-        nodes = trie.store().len(),
-        memory_mb = trie.store().heap_bytes() >> 20,
+        nodes = store.mem().len(),
+        memory_mb = store.mem().heap_bytes() >> 20,
+        kept_depth = store.depth(),
         elapsed = ?started.elapsed(),
         "Built overdrive's trie"
     );
@@ -291,15 +379,61 @@ where
         trie: CompactTrie::new(trie),
         undo: VecDeque::new(),
         limit: config.blocks_kept,
+        leaves,
     })
 }
 
-/// Every account and slot of the hashed state tables, as one diff over an empty trie.
-fn read_hashed_state<TX: DbTx>(tx: &TX) -> Result<HashedStateChanges, ProviderError> {
+/// The leaves of the accounts under the first nibbles below `below` (the parts of a trie
+/// built so far), with all their storage.
+struct BuiltParts {
+    leaves: Leaves,
+    below: u8,
+}
+
+impl LeafSource for BuiltParts {
+    type Error = ProviderError;
+
+    fn accounts(
+        &self,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, HashedAccount)>,
+    ) -> ProviderResult<()> {
+        let start = out.len();
+        self.leaves.accounts(prefix, out)?;
+        let mut kept = start;
+        for i in start..out.len() {
+            if out[i].0[0] >> 4 < self.below {
+                out.swap(kept, i);
+                kept += 1;
+            }
+        }
+        out.truncate(kept);
+        Ok(())
+    }
+
+    fn storage(
+        &self,
+        address: B256,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, U256)>,
+    ) -> ProviderResult<()> {
+        self.leaves.storage(address, prefix, out)
+    }
+}
+
+/// The accounts of the hashed state tables whose hashed address starts with `nibble`, and
+/// their slots, as one diff over a trie without them.
+fn read_hashed_state<TX: DbTx>(tx: &TX, nibble: u8) -> Result<HashedStateChanges, ProviderError> {
     let mut state = HashedStateChanges::default();
+    let mut start = B256::ZERO;
+    start.0[0] = nibble << 4;
+    let in_part = |address: &B256| address[0] >> 4 == nibble;
     let mut accounts = tx.cursor_read::<tables::HashedAccounts>()?;
-    for row in accounts.walk(None)? {
+    for row in accounts.walk(Some(start))? {
         let (address, account) = row?;
+        if !in_part(&address) {
+            break;
+        }
         state.accounts.insert(
             address,
             Some(HashedAccount {
@@ -310,8 +444,11 @@ fn read_hashed_state<TX: DbTx>(tx: &TX) -> Result<HashedStateChanges, ProviderEr
         );
     }
     let mut slots = tx.cursor_dup_read::<tables::HashedStorages>()?;
-    for row in slots.walk(None)? {
+    for row in slots.walk(Some(start))? {
         let (address, entry) = row?;
+        if !in_part(&address) {
+            break;
+        }
         state
             .storages
             .entry(address)
@@ -514,7 +651,7 @@ where
                     return Ok(None);
                 }
                 let started = Instant::now();
-                let output = tip.trie.trie().compute(&changes(state))?;
+                let output = tip.compute(&changes(state))?;
                 if output.root != expected {
                     return Ok(Some(Err(output.root)));
                 }
@@ -594,6 +731,14 @@ pub fn describe_metrics() {
         "overdrive_state_root_failures_total",
         "Blocks on which overdrive's trie failed (a root unlike reth's, or an error): the trie is then dropped"
     );
+    metrics::describe_counter!(
+        "overdrive_state_root_subtrees_read_total",
+        "Subtrees below the levels overdrive's trie keeps (--overdrive.trie.cache-mb) read back from the hashed state"
+    );
+    metrics::describe_counter!(
+        "overdrive_state_root_leaves_read_total",
+        "Leaves (accounts and slots) read from the hashed state to rebuild those subtrees"
+    );
 }
 
 /// reth's engine validator builder, with overdrive's state root installed when it is on.
@@ -631,14 +776,29 @@ where
     ) -> eyre::Result<Self::EngineValidator> {
         let validator = self
             .inner
-            .build_tree_validator(ctx, tree_config, overlay_manager)
+            .build_tree_validator(ctx, tree_config, overlay_manager.clone())
             .await?;
         let Some(config) = self.state_root else {
             return Ok(validator);
         };
         let provider = ctx.node.provider().clone();
-        let strategy =
-            tokio::task::spawn_blocking(move || OverdriveStateRoot::load(provider, config)).await?;
+        // The state at a block as reth's own state-root jobs read it: the database, and the
+        // blocks the engine holds in memory up to that block on top.
+        let leaves: LeavesAt = {
+            let provider = provider.clone();
+            Arc::new(move |block| {
+                let factory = OverlayStateProviderFactory::new(
+                    provider.clone(),
+                    overlay_manager.overlay_builder(block),
+                );
+                let leaves: Leaves = Box::new(OverlayLeaves::open(&factory, config.threads)?);
+                Ok(leaves)
+            })
+        };
+        let strategy = tokio::task::spawn_blocking(move || {
+            OverdriveStateRoot::load(provider, config, Some(leaves))
+        })
+        .await?;
         let strategy: Arc<dyn StateRootStrategy<EthPrimitives, N::Provider, N::Evm>> =
             Arc::new(strategy);
         Ok(validator.with_state_root_strategy(strategy))

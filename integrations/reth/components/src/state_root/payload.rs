@@ -47,8 +47,6 @@ impl PayloadRootSink {
         };
         let started = Instant::now();
         let computed = tip
-            .trie
-            .trie()
             .compute(&changes)
             .and_then(|output| Ok((tip.rows_of(&output)?, output)));
         let (rows, output) = match computed {

@@ -61,13 +61,81 @@ fn trie_of(state: &HashedStateChanges) -> StateTrie {
     trie
 }
 
-/// The trie of [`genesis`] as block `block`'s.
+/// The leaves of a full state (a diff over the empty one).
+struct StateLeaves(HashedStateChanges);
+
+impl LeafSource for StateLeaves {
+    type Error = ProviderError;
+
+    fn accounts(
+        &self,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, HashedAccount)>,
+    ) -> ProviderResult<()> {
+        let start = out.len();
+        out.extend(self.0.accounts.iter().filter_map(|(address, account)| {
+            let account = (*account)?;
+            Nibbles::unpack(address)
+                .starts_with(prefix)
+                .then_some((*address, account))
+        }));
+        out[start..].sort_unstable_by_key(|(address, _)| *address);
+        Ok(())
+    }
+
+    fn storage(
+        &self,
+        address: B256,
+        prefix: &Nibbles,
+        out: &mut Vec<(B256, U256)>,
+    ) -> ProviderResult<()> {
+        let start = out.len();
+        if let Some(storage) = self.0.storages.get(&address) {
+            out.extend(
+                storage
+                    .slots
+                    .iter()
+                    .filter(|(slot, value)| {
+                        !value.is_zero() && Nibbles::unpack(*slot).starts_with(prefix)
+                    })
+                    .map(|(slot, value)| (*slot, *value)),
+            );
+        }
+        out[start..].sort_unstable_by_key(|(slot, _)| *slot);
+        Ok(())
+    }
+}
+
+/// The state of each block the tests' tries stand on: [`genesis`] below the missed blocks of
+/// [`chain_and_fork`], and theirs.
+fn state_of(block: B256) -> HashedStateChanges {
+    let (missed, _) = chain_and_fork();
+    let mut path = Vec::new();
+    let mut at = block;
+    while let Some(m) = missed.iter().find(|m| m.block == at) {
+        path.push(m.changes.clone());
+        at = m.parent;
+    }
+    let mut state = genesis();
+    for changes in path.into_iter().rev() {
+        state.extend(changes);
+    }
+    state
+}
+
+/// The trie of [`genesis`] as block `block`'s, keeping only the root and its children of
+/// each trie in memory: every block on it reads the rest back through the tip's leaves.
 fn tip_at(block: B256) -> Tip {
+    let mut trie = StateTrie::new(BoundedNodeStore::new(2), TrieConfig::with_threads(2)).unwrap();
+    trie.apply(&genesis()).unwrap();
+    trie.store_mut().evict();
+    assert!(trie.store().mem().len() < trie_of(&genesis()).store().len());
     Tip {
         block,
-        trie: CompactTrie::new(trie_of(&genesis())),
+        trie: CompactTrie::new(trie),
         undo: VecDeque::new(),
         limit: 16,
+        leaves: Some(Arc::new(|block| Ok(Box::new(StateLeaves(state_of(block)))))),
     }
 }
 

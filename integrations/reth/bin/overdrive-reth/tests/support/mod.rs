@@ -318,8 +318,9 @@ pub fn dev_node_within(
     flags: &[&str],
     timeout: Duration,
 ) -> KillOnDrop {
-    let log = std::fs::File::create(dir.join("node.log")).unwrap();
-    let node = KillOnDrop(
+    let log_path = dir.join("node.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut node = KillOnDrop(
         overdrive_reth()
             .args(["node", "--dev", "--color", "never", "--chain"])
             .arg(genesis)
@@ -335,8 +336,22 @@ pub fn dev_node_within(
             .spawn()
             .unwrap(),
     );
-    wait_for("the node's RPC", timeout, || {
-        rpc(http, "eth_blockNumber", serde_json::json!([]))
-    });
+    // A node that exits, or never answers, says why in its log.
+    let log_tail = || imports::tail(&std::fs::read_to_string(&log_path).unwrap_or_default());
+    let started = Instant::now();
+    while rpc(http, "eth_blockNumber", serde_json::json!([])).is_none() {
+        if let Some(status) = node.0.try_wait().unwrap() {
+            panic!(
+                "the node exited ({status}) before its RPC answered:\n{}",
+                log_tail()
+            );
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "timed out waiting for the node's RPC ({timeout:?}):\n{}",
+            log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     node
 }
