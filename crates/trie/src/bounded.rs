@@ -252,6 +252,7 @@ impl<L> BoundedNodeStore<L> {
                 }
             }
             let Ok(()) = self.mem.apply(&drop);
+            self.mem.retain_shallower(self.depth);
         }
         if let Some(budget) = self.budget {
             while self.depth > MIN_BUDGET_DEPTH && self.mem.heap_bytes() > budget {

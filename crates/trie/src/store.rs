@@ -614,14 +614,26 @@ impl MemTrie {
         if depth <= 1 {
             self.top = Group::default();
         }
-        // A group holds the nodes one nibble below its key.
+        // A group holds the nodes one nibble below its key. A map that once held many more
+        // groups than now (a block's nodes below the depth, dropped) gives its room back too.
         for shard in &mut self.shards {
-            if shard.keys().any(|parent| parent.len() + 1 >= depth) {
+            if Self::shard_to_trim(shard, depth) {
                 let map = Arc::make_mut(shard);
                 map.retain(|parent, _| parent.len() + 1 < depth);
                 map.shrink_to_fit();
             }
         }
+    }
+
+    /// Whether [`Self::retain_shallower`] would change anything.
+    fn to_trim(&self, depth: usize) -> bool {
+        (depth <= 1 && !self.top.is_empty())
+            || self.shards.iter().any(|s| Self::shard_to_trim(s, depth))
+    }
+
+    fn shard_to_trim(shard: &GroupMap, depth: usize) -> bool {
+        shard.capacity() > 2 * shard.len() + 64
+            || shard.keys().any(|parent| parent.len() + 1 >= depth)
     }
 
     /// The length of the longest path holding a node (0 when there is none below the root).
@@ -811,7 +823,7 @@ impl MemNodeStore {
         let depth = depth.max(1);
         self.accounts.retain_shallower(depth);
         for trie in self.storages.values_mut() {
-            if trie.max_depth() >= depth {
+            if trie.to_trim(depth) {
                 Arc::make_mut(trie).retain_shallower(depth);
             }
         }
