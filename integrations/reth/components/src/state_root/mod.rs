@@ -400,14 +400,9 @@ impl LeafSource for BuiltParts {
     ) -> ProviderResult<()> {
         let start = out.len();
         self.leaves.accounts(prefix, out)?;
-        let mut kept = start;
-        for i in start..out.len() {
-            if out[i].0[0] >> 4 < self.below {
-                out.swap(kept, i);
-                kept += 1;
-            }
-        }
-        out.truncate(kept);
+        // In address order: the accounts of the parts built so far come first.
+        let built = out[start..].partition_point(|(address, _)| address[0] >> 4 < self.below);
+        out.truncate(start + built);
         Ok(())
     }
 
