@@ -252,9 +252,14 @@ impl<L> BoundedNodeStore<L> {
                 }
             }
             let Ok(()) = self.mem.apply(&drop);
-            self.mem.retain_shallower(self.depth);
         }
         if let Some(budget) = self.budget {
+            // The maps keep the room of the nodes just dropped (a block's, or a whole launch
+            // part's): give it back before taking it for kept nodes. Under budget it stays, for
+            // the next block's writes.
+            if self.mem.heap_bytes() > budget {
+                self.mem.retain_shallower(self.depth);
+            }
             while self.depth > MIN_BUDGET_DEPTH && self.mem.heap_bytes() > budget {
                 self.depth = (self.depth - 1)
                     .min(self.mem.max_depth())

@@ -61,11 +61,7 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
     // persisted head's), and what the kill lost is sent again (what was kept is refused).
     let (http, metrics) = (support::free_port(), support::free_port());
     let node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
-    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
-    let built = log
-        .lines()
-        .find(|l| l.contains("Built overdrive's trie"))
-        .unwrap_or_else(|| panic!("no trie built at the restart:\n{}", tail(&log)));
+    let built = trie_built(dir.path());
     assert!(
         !built.contains("head=0 "),
         "nothing persisted before the kill: {built}"
@@ -97,18 +93,17 @@ fn a_trie_kept_to_its_top_levels_reads_the_rest_from_the_database() {
     })
     .unwrap();
     let (dir, genesis) = write_genesis(&workload, "state-root-cache");
+    // OVERDRIVE_ROOT's, with blocks kept in memory before they persist.
     let flags = [
-        "--dev.block-time",
-        "1s",
-        "--overdrive.state-root",
-        "overdrive",
-        "--overdrive.trie.threads",
-        "2",
-        "--overdrive.trie.cache-mb",
-        "0",
-        "--engine.persistence-threshold",
-        "3",
-    ];
+        &OVERDRIVE_ROOT[..6],
+        &[
+            "--overdrive.trie.cache-mb",
+            "0",
+            "--engine.persistence-threshold",
+            "3",
+        ],
+    ]
+    .concat();
     let (http, metrics) = (support::free_port(), support::free_port());
     let node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
     for block in workload.blocks.chunks(1) {
@@ -121,11 +116,7 @@ fn a_trie_kept_to_its_top_levels_reads_the_rest_from_the_database() {
     let subtrees = support::counter(&page, "overdrive_state_root_subtrees_read_total", "");
     let leaves = support::counter(&page, "overdrive_state_root_leaves_read_total", "");
     assert!(subtrees >= ours && leaves > subtrees, "{page}");
-    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
-    let built = log
-        .lines()
-        .find(|l| l.contains("Built overdrive's trie"))
-        .unwrap_or_else(|| panic!("no trie built:\n{}", tail(&log)));
+    let built = trie_built(dir.path());
     assert!(built.contains("kept_depth=2"), "{built}");
     let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
     assert!(head >= 8, "head {head}");
@@ -189,11 +180,7 @@ fn a_million_slot_storage_trie_through_the_engine() {
     let (node, metrics) = mine(&genesis, dir.path(), &workload.blocks, 600);
     drop(workload);
     let ours = assert_roots_from_overdrive(metrics, dir.path());
-    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
-    let built = log
-        .lines()
-        .find(|l| l.contains("Built overdrive's trie"))
-        .unwrap_or_else(|| panic!("no trie built:\n{}", tail(&log)));
+    let built = trie_built(dir.path());
     assert!(built.contains("storage_tries="), "{built}");
     let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
     println!("head {head}; {ours} roots from overdrive's trie; {rows}; {built}");
@@ -311,6 +298,15 @@ fn mine(
     // The metrics and the log catch up with the last block.
     std::thread::sleep(Duration::from_secs(2));
     (node, metrics)
+}
+
+/// The first line of `dir`'s node log (of its last launch) saying the trie was built.
+fn trie_built(dir: &std::path::Path) -> String {
+    let log = std::fs::read_to_string(dir.join("node.log")).unwrap();
+    log.lines()
+        .find(|l| l.contains("Built overdrive's trie"))
+        .unwrap_or_else(|| panic!("no trie built:\n{}", tail(&log)))
+        .to_string()
 }
 
 /// A temporary folder holding the genesis of `workload`'s chain, and the genesis's path.
