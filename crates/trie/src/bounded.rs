@@ -301,6 +301,61 @@ impl<L> BoundedNodeStore<L> {
 }
 
 impl<L: LeafSource> BoundedNodeStore<L> {
+    /// Reads back now what a block that changes `key` of `trie` will read below the depth,
+    /// so that the block's root finds it rebuilt: called while the block executes (its keys
+    /// from the engine's state updates), it takes the reads off the root's critical path.
+    ///
+    /// The kept nodes are walked along the key. Where the walk gets to the depth, every read
+    /// an update of the key makes (the nodes on its way, and the siblings whose references
+    /// its kept parent is re-encoded over) comes from one subtree, the one under the key's
+    /// first `depth - 1` nibbles; where it stops above the depth (at a leaf, or a branch or
+    /// extension the key leaves), the update reads nothing back. Without a source, or for a
+    /// store that keeps everything, it does nothing.
+    pub fn prefetch(&self, trie: TrieId, key: B256) -> Result<(), BoundedStoreError> {
+        if self.keeps_everything() || self.source.is_none() {
+            return Ok(());
+        }
+        let key = Nibbles::unpack(key);
+        let entry = key.slice(..self.depth - 1);
+        let mut path = Nibbles::new();
+        loop {
+            let Ok(Some(stored)) = self.mem.get(trie, &path) else {
+                return Ok(());
+            };
+            match &stored.node {
+                Node::Leaf { .. } => return Ok(()),
+                Node::Extension { key: rest, .. } => {
+                    let next = path.join(rest);
+                    if next.len() > entry.len() {
+                        // A key that leaves the extension at its last nibble puts the branch
+                        // it leads to right under a new branch, which reads it.
+                        if key.starts_with(&next.slice(..next.len() - 1)) {
+                            break;
+                        }
+                        return Ok(());
+                    }
+                    if !key.starts_with(&next) {
+                        return Ok(());
+                    }
+                    path = next;
+                }
+                Node::Branch { state_mask, .. } => {
+                    // Its children are below the depth: whichever the key falls under, the
+                    // branch is re-encoded over all of their references.
+                    if path.len() == entry.len() {
+                        break;
+                    }
+                    let nibble = key.get_unchecked(path.len());
+                    if !state_mask.is_bit_set(nibble) {
+                        return Ok(());
+                    }
+                    path.push_unchecked(nibble);
+                }
+            }
+        }
+        self.subtree(trie, &entry).map(drop)
+    }
+
     /// The node at a deep `path` that is not in memory: from the subtree rebuilt under the
     /// path's first `depth - 1` nibbles, the deepest kept path above it (a kept branch
     /// re-encoded needs the references of all its children, so they are rebuilt together).
@@ -689,6 +744,42 @@ mod tests {
             }
         }
 
+        /// Each block's keys prefetched before its root: the root then reads nothing back
+        /// itself (the prefetch found every subtree the update needs), and gives the full
+        /// trie's output.
+        #[test]
+        fn a_prefetched_block_reads_nothing_more(
+            (addresses, blocks) in blocks_and_keys(),
+            depth in 1..8usize,
+        ) {
+            let mut model = Model::new();
+            let mut bounded = bounded(BoundedNodeStore::new(depth), 2);
+            let mut full = full(2);
+            for changes in &blocks {
+                let before = model.clone();
+                let diff = block_diff(&mut model, &addresses, changes);
+                bounded.store_mut().set_source(ModelLeaves(Arc::new(before.clone())));
+                let store = bounded.trie().store();
+                for address in diff.accounts.keys().chain(diff.storages.keys()) {
+                    store.prefetch(TrieId::Account, *address).unwrap();
+                }
+                for (owner, storage) in &diff.storages {
+                    for slot in storage.slots.keys() {
+                        store.prefetch(TrieId::Storage(*owner), *slot).unwrap();
+                    }
+                }
+                store.take_reads();
+                let output = bounded.trie().compute(&diff).unwrap();
+                prop_assert_eq!(bounded.trie().store().take_reads(), SourceReads::default());
+                let expected = full.trie().compute(&diff).unwrap();
+                prop_assert_eq!(output.root, expected.root);
+                prop_assert_eq!(&output.updates, &expected.updates);
+                bounded.commit(&output).unwrap();
+                full.commit(&expected).unwrap();
+                bounded.evict();
+            }
+        }
+
         /// A budget lowers the depth until the kept nodes fit (or only the roots and their
         /// children are left), and the trie goes on giving the full trie's roots and rows.
         #[test]
@@ -748,6 +839,105 @@ mod tests {
         let reads = trie.trie().store().take_reads();
         assert_eq!(reads.subtrees, 1);
         assert_eq!(reads.leaves, expected);
+    }
+
+    /// The same change prefetched: the prefetch reads the one subtree, the root nothing.
+    #[test]
+    fn a_prefetch_reads_what_the_change_will() {
+        let mut model = Model::new();
+        let keys: Vec<B256> = (0u8..=255)
+            .map(|i| alloy_primitives::keccak256([i]))
+            .collect();
+        let created: Vec<_> = (0..keys.len())
+            .map(|a| crate::compact::tests::Change::Account(a, 1))
+            .collect();
+        let mut trie = bounded(BoundedNodeStore::new(2), 2);
+        let mut full = full(2);
+        let before = model.clone();
+        let diff = block_diff(&mut model, &keys, &created);
+        step(&mut trie, &mut full, &before, &diff);
+
+        let store = trie.trie().store();
+        store.take_reads();
+        store.prefetch(TrieId::Account, keys[7]).unwrap();
+        assert_eq!(store.take_reads(), SourceReads::default(), "no source yet");
+        let before = model.clone();
+        trie.store_mut()
+            .set_source(ModelLeaves(Arc::new(before.clone())));
+        let store = trie.trie().store();
+        store.prefetch(TrieId::Account, keys[7]).unwrap();
+        let under = Nibbles::unpack(keys[7]).slice(..1);
+        let expected = keys
+            .iter()
+            .filter(|k| Nibbles::unpack(*k).starts_with(&under))
+            .count() as u64;
+        assert_eq!(
+            store.take_reads(),
+            SourceReads {
+                subtrees: 1,
+                leaves: expected
+            }
+        );
+        // A storage trie that does not exist has nothing to read back.
+        store
+            .prefetch(TrieId::Storage(keys[7]), B256::ZERO)
+            .unwrap();
+        assert_eq!(store.take_reads(), SourceReads::default());
+
+        let diff = block_diff(
+            &mut model,
+            &keys,
+            &[crate::compact::tests::Change::Account(7, 9)],
+        );
+        let output = trie.trie().compute(&diff).unwrap();
+        assert_eq!(trie.trie().store().take_reads(), SourceReads::default());
+        assert_eq!(output.root, full.trie().compute(&diff).unwrap().root);
+    }
+
+    /// A trie built in parts with [`CompactTrie::commit_new`] knows which of its kept
+    /// branches have a row: a block's rows read nothing back beyond what its root read. Built
+    /// without rows, the rows of the first blocks read back the subtrees of the untouched
+    /// siblings of the branches they change, to learn it.
+    #[test]
+    fn a_trie_built_with_rows_knows_its_kept_branches() {
+        use crate::compact::tests::{Change, part_of};
+        let keys: Vec<B256> = (0u16..4096)
+            .map(|i| alloy_primitives::keccak256(i.to_be_bytes()))
+            .collect();
+        let created: Vec<_> = (0..keys.len()).map(|a| Change::Account(a, 1)).collect();
+        let mut model = Model::new();
+        let diff = block_diff(&mut model, &keys, &created);
+        let rows_reads = |with_rows: bool| {
+            let mut trie = bounded(BoundedNodeStore::new(3), 2);
+            for nibble in 0..16 {
+                let built: Model = model
+                    .iter()
+                    .filter(|(address, _)| address[0] >> 4 < nibble)
+                    .map(|(address, state)| (*address, state.clone()))
+                    .collect();
+                trie.store_mut().set_source(ModelLeaves(Arc::new(built)));
+                let output = trie.trie().compute(&part_of(&diff, nibble)).unwrap();
+                if with_rows {
+                    trie.commit_new(&output).unwrap();
+                } else {
+                    trie.commit_without_rows(&output).unwrap();
+                }
+                trie.evict();
+            }
+            let mut after = model.clone();
+            let block = block_diff(&mut after, &keys, &[Change::Account(7, 9)]);
+            trie.store_mut()
+                .set_source(ModelLeaves(Arc::new(model.clone())));
+            let output = trie.trie().compute(&block).unwrap();
+            trie.trie().store().take_reads();
+            let rows = trie.commit(&output).unwrap();
+            (trie.trie().store().take_reads(), rows)
+        };
+        let (reads, rows) = rows_reads(true);
+        assert_eq!(reads, SourceReads::default());
+        let (reads, rows_learnt) = rows_reads(false);
+        assert!(reads.subtrees > 0, "{reads:?}");
+        assert_eq!(rows, rows_learnt);
     }
 
     #[test]

@@ -270,6 +270,15 @@ impl<S: NodeStore> CompactTrie<S> {
         self.commit_rows(output, accounts_before, storages_before)
     }
 
+    /// [`CompactTrie::commit`] of a batch that only adds nodes where the trie has none (a
+    /// trie built part by part, each part under paths no earlier part used), without reading
+    /// what the paths held before: its rows, and the trie remembers which of the new branches
+    /// have one while their children are at hand (a store that keeps only the top levels drops
+    /// them at its next eviction).
+    pub fn commit_new(&mut self, output: &StateRootOutput) -> Result<CompactUpdates, TrieError> {
+        self.commit_rows(output, HashSet::default(), B256Map::default())
+    }
+
     /// [`CompactTrie::commit`], also returning the batch that takes it back
     /// ([`StateTrie::undo_of`]), the old nodes read once for both.
     pub fn commit_with_undo(
@@ -966,6 +975,47 @@ pub(crate) mod tests {
                 prop_assert_eq!(&table, &expected_rows(&model));
             }
         }
+    }
+
+    /// The accounts and storage of `diff` under the first nibble `nibble`.
+    pub(crate) fn part_of(diff: &HashedStateChanges, nibble: u8) -> HashedStateChanges {
+        HashedStateChanges {
+            accounts: diff
+                .accounts
+                .iter()
+                .filter(|(address, _)| address[0] >> 4 == nibble)
+                .map(|(address, account)| (*address, *account))
+                .collect(),
+            storages: diff
+                .storages
+                .iter()
+                .filter(|(address, _)| address[0] >> 4 == nibble)
+                .map(|(address, storage)| (*address, storage.clone()))
+                .collect(),
+        }
+    }
+
+    /// A state built sixteen parts one after another, by first nibble, each committed with
+    /// [`CompactTrie::commit_new`]: the rows of all parts are the rows of the whole state.
+    #[test]
+    fn a_trie_built_in_parts_writes_the_rows_of_the_whole() {
+        let keys: Vec<B256> = (0u8..=200).map(|i| keccak256([i])).collect();
+        let changes: Vec<Change> = (0..keys.len())
+            .flat_map(|a| {
+                let slot = keccak256([a as u8, 1]);
+                [Change::Account(a, 1), Change::Slot(a, slot, 5)]
+            })
+            .chain((0..300u16).map(|i| Change::Slot(0, keccak256(i.to_be_bytes()), 7)))
+            .collect();
+        let mut model = Model::new();
+        let diff = block_diff(&mut model, &keys, &changes);
+        let mut trie = CompactTrie::new(trie(2, 2));
+        let mut table = Table::new();
+        for nibble in 0..16 {
+            let output = trie.trie().compute(&part_of(&diff, nibble)).unwrap();
+            write_rows(&mut table, &trie.commit_new(&output).unwrap());
+        }
+        assert_eq!(table, expected_rows(&model));
     }
 
     /// A row's masks for each shape of child: a branch child that is kept (hash and tree bit),

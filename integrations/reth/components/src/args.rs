@@ -1,7 +1,10 @@
 //! The `--overdrive.*` flags: which components run, and how. Every component is off by default,
 //! and with all of them off the node is stock reth.
 
-use crate::{merkle::MerkleStageConfig, state_root::StateRootConfig};
+use crate::{
+    merkle::MerkleStageConfig,
+    state_root::{Prefetch, StateRootConfig},
+};
 use clap::{Args, Parser, ValueEnum};
 use overdrive_intake::BatchLimits;
 use std::ffi::OsString;
@@ -99,6 +102,17 @@ pub struct OverdriveArgs {
     /// those).
     #[arg(long = "overdrive.trie.cache-mb", value_name = "MIB")]
     pub trie_cache_mb: Option<u32>,
+
+    /// With `--overdrive.trie.cache-mb`: read back what a block's root needs while the block
+    /// executes, on a thread of its own [auto: on machines where reth streams updates to its
+    /// own state-root task, five cores or more].
+    #[arg(
+        long = "overdrive.trie.prefetch",
+        value_enum,
+        default_value_t,
+        value_name = "WHEN"
+    )]
+    pub trie_prefetch: Prefetch,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -124,6 +138,7 @@ impl Default for OverdriveArgs {
             state_root: StateRootMode::default(),
             trie_threads: None,
             trie_cache_mb: None,
+            trie_prefetch: Prefetch::default(),
         }
     }
 }
@@ -192,7 +207,14 @@ impl OverdriveArgs {
                 "state root: overdrive parallel ({} threads, {})",
                 threads(self.trie_threads),
                 match self.trie_cache_mb {
-                    Some(mb) => format!("nodes kept to {mb} MiB"),
+                    Some(mb) => format!(
+                        "nodes kept to {mb} MiB, prefetch {}",
+                        match self.trie_prefetch {
+                            Prefetch::Auto => "auto",
+                            Prefetch::On => "on",
+                            Prefetch::Off => "off",
+                        }
+                    ),
                     None => "whole trie kept".to_string(),
                 }
             ),
@@ -207,6 +229,7 @@ impl OverdriveArgs {
             StateRootConfig {
                 threads: self.trie_threads.map_or(defaults.threads, usize::from),
                 cache_mb: self.trie_cache_mb.map(|mb| mb as usize),
+                prefetch: self.trie_prefetch,
                 ..defaults
             }
         })
@@ -385,7 +408,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(args.state_root_config().and_then(|c| c.cache_mb), Some(512));
-        assert!(args.summary().ends_with("nodes kept to 512 MiB)"));
+        assert!(
+            args.summary()
+                .ends_with("nodes kept to 512 MiB, prefetch auto)")
+        );
+        let (_, args) = split(
+            "overdrive-reth node --overdrive.state-root overdrive --overdrive.trie.prefetch on",
+        )
+        .unwrap();
+        assert_eq!(
+            args.state_root_config().map(|c| c.prefetch),
+            Some(Prefetch::On)
+        );
+        assert!(split("overdrive-reth node --overdrive.trie.prefetch sometimes").is_err());
         assert!(split("overdrive-reth node --overdrive.trie.cache-mb lots").is_err());
         let (_, args) = split("overdrive-reth node --overdrive.state-root reth").unwrap();
         assert_eq!(args.state_root_config(), None);

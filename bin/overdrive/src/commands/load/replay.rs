@@ -40,6 +40,10 @@ pub struct ReplayArgs {
     /// (`--overdrive.trie.cache-mb`; default: the whole trie).
     #[arg(long, value_name = "MIB")]
     trie_cache_mb: Option<u32>,
+    /// With `--trie-cache-mb`: when overdrive's trie reads back what a block's root needs
+    /// while the block executes (`--overdrive.trie.prefetch`; default: the node's, auto).
+    #[arg(long, value_name = "WHEN", value_parser = ["auto", "on", "off"])]
+    trie_prefetch: Option<String>,
     /// Where the nodes' datadirs and logs go.
     #[arg(long, default_value = "replay-report")]
     out: PathBuf,
@@ -108,6 +112,14 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
             bail!("--trie-cache-mb is a setting of --component state-root");
         }
         runs[1].1.extend(["--overdrive.trie.cache-mb", mb.as_str()]);
+    }
+    if let Some(when) = &args.trie_prefetch {
+        if cache_mb.is_none() {
+            bail!("--trie-prefetch is a setting of --trie-cache-mb");
+        }
+        runs[1]
+            .1
+            .extend(["--overdrive.trie.prefetch", when.as_str()]);
     }
     let mut results = Vec::new();
     for (label, flags) in runs {

@@ -80,8 +80,9 @@ fn the_engine_takes_its_roots_from_overdrives_trie_across_a_kill() {
 
 /// With `--overdrive.trie.cache-mb 0` the trie keeps only the root of each trie and its
 /// children: every block, built or validated, reads the levels below back from reth's hashed
-/// state tables with the blocks not yet persisted on top (three are kept in memory here), and
-/// its roots and rows are still reth's.
+/// state tables with the blocks not yet persisted on top (three are kept in memory here),
+/// much of it while the block executes (`--overdrive.trie.prefetch on`), and its roots and
+/// rows are still reth's.
 #[test]
 fn a_trie_kept_to_its_top_levels_reads_the_rest_from_the_database() {
     let workload = overdrive_workload::generate(&WorkloadConfig {
@@ -99,6 +100,8 @@ fn a_trie_kept_to_its_top_levels_reads_the_rest_from_the_database() {
         &[
             "--overdrive.trie.cache-mb",
             "0",
+            "--overdrive.trie.prefetch",
+            "on",
             "--engine.persistence-threshold",
             "3",
         ],
@@ -115,13 +118,17 @@ fn a_trie_kept_to_its_top_levels_reads_the_rest_from_the_database() {
     let page = support::http(metrics, "/", None).unwrap();
     let subtrees = support::counter(&page, "overdrive_state_root_subtrees_read_total", "");
     let leaves = support::counter(&page, "overdrive_state_root_leaves_read_total", "");
-    assert!(subtrees >= ours && leaves > subtrees, "{page}");
+    let prefetched = support::counter(&page, "overdrive_state_root_prefetched_keys_total", "");
+    assert!(
+        subtrees >= ours && leaves > subtrees && prefetched > 0.0,
+        "{page}"
+    );
     let built = trie_built(dir.path());
     assert!(built.contains("kept_depth=2"), "{built}");
     let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
     assert!(head >= 8, "head {head}");
     println!(
-        "head {head}; {ours} roots from overdrive's trie, {subtrees} subtrees ({leaves} leaves) read back; {rows}\n{built}"
+        "head {head}; {ours} roots from overdrive's trie, {subtrees} subtrees ({leaves} leaves) read back, {prefetched} keys prefetched; {rows}\n{built}"
     );
 }
 

@@ -4,8 +4,10 @@
 //! The trie is kept in memory, one copy of it: whole, or with `--overdrive.trie.cache-mb` only
 //! its top levels, as many as fit the budget, the nodes below read back from reth's hashed
 //! state tables (with the blocks not yet persisted on top) when a block changes them
-//! (`leaves`, [`BoundedNodeStore`]). At launch it is built from reth's hashed state
-//! tables and its root checked against the database head's header; after that it follows the
+//! (`leaves`, [`BoundedNodeStore`]); with `--overdrive.trie.prefetch` those reads start while
+//! the block executes, from the engine's stream of its state updates (`prefetch`). At launch
+//! it is built from reth's hashed state tables and its root checked against the database
+//! head's header; after that it follows the
 //! blocks the engine validates: a block whose parent is the trie's block, or one of the last
 //! [`StateRootConfig::blocks_kept`] blocks before it, gets its root from the trie (stepped back
 //! to the parent first with the undo batches of [`StateTrie::undo_of`]), and reth gets the trie
@@ -36,8 +38,8 @@ use reth_engine_tree::tree::{
     BasicEngineValidator, StateProviderBuilder, TreeConfig,
     state_root_strategy::{
         DefaultStateRootStrategy, LazyHashedPostState, PayloadStateRootHandle,
-        PayloadStateRootJobContext, PreparedStateRootJob, StateRootJob, StateRootJobContext,
-        StateRootJobOutcome, StateRootStrategy, StateRootUpdateStream,
+        PayloadStateRootJobContext, PreparedStateRootJob, StateRootHintStream, StateRootJob,
+        StateRootJobContext, StateRootJobOutcome, StateRootStrategy, StateRootUpdateStream,
     },
 };
 use reth_ethereum_primitives::EthPrimitives;
@@ -65,7 +67,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         mpsc,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 use tracing::{debug, error, info, warn};
 
@@ -73,10 +75,12 @@ use crate::OverdriveNode;
 use catch_up::{CatchUp, Missed};
 use leaves::OverlayLeaves;
 use payload::PayloadRootSink;
+use prefetch::{BlockPrefetch, Prefetcher};
 
 mod catch_up;
 mod leaves;
 mod payload;
+mod prefetch;
 #[cfg(test)]
 mod tests;
 
@@ -93,6 +97,9 @@ pub struct StateRootConfig {
     /// The most memory the trie's nodes may take, in MiB: the levels that do not fit are read
     /// back from the database when a block changes them. `None`: the whole trie is kept.
     pub cache_mb: Option<usize>,
+    /// Whether a trie kept to `cache_mb` reads back what a block's root needs while the block
+    /// executes (`prefetch`).
+    pub prefetch: Prefetch,
 }
 
 impl Default for StateRootConfig {
@@ -101,8 +108,24 @@ impl Default for StateRootConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             blocks_kept: 16,
             cache_mb: None,
+            prefetch: Prefetch::default(),
         }
     }
+}
+
+/// When a trie kept to its top levels reads back, while a block executes, what the block's
+/// root will read. The reads then run on a thread of their own beside execution: worth it
+/// where cores are spare, a cost to execution where they are not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Prefetch {
+    /// Where reth streams each block's updates to its own state-root task: on machines with
+    /// enough cores for it (reth's engine setting).
+    #[default]
+    Auto,
+    /// Always.
+    On,
+    /// Never: each root reads what it needs itself.
+    Off,
 }
 
 /// The leaves of the state at a block, which a trie that keeps only its top levels reads the
@@ -126,6 +149,9 @@ struct Tip {
     limit: usize,
     /// Where the levels the trie does not keep are read back from.
     leaves: Option<LeavesAt>,
+    /// The block whose leaves the trie reads now (set before a block's reads, which may begin
+    /// while the block executes, and cleared when the trie drops what it read).
+    reads_at: Option<B256>,
 }
 
 impl std::fmt::Debug for Tip {
@@ -158,6 +184,7 @@ impl Tip {
             // with that block, and the next block's rows are taken against the parent.
             self.trie.commit_without_rows(&undo)?;
             self.trie.evict();
+            self.reads_at = None;
             self.block = parent;
         }
         Ok(true)
@@ -168,9 +195,11 @@ impl Tip {
     fn read_at_block(&mut self) -> Result<(), TrieError> {
         if let Some(leaves) = &self.leaves
             && !self.trie.trie().store().keeps_everything()
+            && self.reads_at != Some(self.block)
         {
             let source = leaves(self.block).map_err(|e| TrieError::Store(Box::new(e)))?;
             self.trie.store_mut().set_source(source);
+            self.reads_at = Some(self.block);
         }
         Ok(())
     }
@@ -184,6 +213,7 @@ impl Tip {
     /// Drops the nodes the trie keeps only for the block's reads, counting what was read back.
     fn settle(&mut self) {
         self.trie.evict();
+        self.reads_at = None;
         let reads = self.trie.trie().store().take_reads();
         if reads.subtrees > 0 {
             metrics::counter!("overdrive_state_root_subtrees_read_total").increment(reads.subtrees);
@@ -191,21 +221,24 @@ impl Tip {
         }
     }
 
-    /// Commits `output` as `block`'s, keeping the batch that takes it back; returns the rows.
+    /// Commits `output` as `block`'s, keeping the batch that takes it back; returns the rows,
+    /// and how long dropping what the block read back took.
     fn advance(
         &mut self,
         block: B256,
         output: &StateRootOutput,
-    ) -> Result<CompactUpdates, TrieError> {
+    ) -> Result<(CompactUpdates, Duration), TrieError> {
         let committed = self.trie.commit_with_undo(output);
+        let started = Instant::now();
         self.settle();
+        let evicted = started.elapsed();
         let (rows, undo) = committed?;
         self.undo.push_back((block, self.block, undo));
         if self.undo.len() > self.limit {
             self.undo.pop_front();
         }
         self.block = block;
-        Ok(rows)
+        Ok((rows, evicted))
     }
 
     /// The rows `output` would write over the trie's block, leaving the trie where it is (it is
@@ -280,6 +313,9 @@ impl Shared {
 pub struct OverdriveStateRoot {
     default: DefaultStateRootStrategy,
     shared: Arc<Shared>,
+    /// Reads back what a block's root will need while the block executes; only for a trie
+    /// that keeps its top levels alone.
+    prefetcher: Option<Prefetcher>,
 }
 
 impl OverdriveStateRoot {
@@ -301,12 +337,24 @@ impl OverdriveStateRoot {
                 warn!(target: TARGET, %error, "Could not build overdrive's trie at launch: reth's state root until it is rebuilt");
             })
             .ok();
+        let shared = Arc::new(Shared::new(
+            tip,
+            Box::new(move || build_tip(&factory, config, leaves.clone())),
+        ));
+        let prefetcher = config
+            .cache_mb
+            .filter(|_| config.prefetch != Prefetch::Off)
+            .and_then(|_| {
+                Prefetcher::spawn(shared.clone())
+                    .inspect_err(|error| {
+                        warn!(target: TARGET, %error, "Could not start the prefetch thread: each root reads what it needs itself");
+                    })
+                    .ok()
+            });
         Self {
             default: DefaultStateRootStrategy::default(),
-            shared: Arc::new(Shared::new(
-                tip,
-                Box::new(move || build_tip(&factory, config, leaves.clone())),
-            )),
+            shared,
+            prefetcher,
         }
     }
 }
@@ -327,20 +375,22 @@ where
     let header = provider
         .sealed_header(head)?
         .ok_or(ProviderError::HeaderNotFound(head.into()))?;
-    info!(target: TARGET, head, cache_mb = ?config.cache_mb, "Building overdrive's trie from the hashed state");
+    info!(target: TARGET, head, cache_mb = ?config.cache_mb, prefetch = ?config.prefetch, "Building overdrive's trie from the hashed state");
     let store = match config.cache_mb {
         Some(mb) => BoundedNodeStore::with_budget(mb << 20),
         None => BoundedNodeStore::default(),
     };
-    let mut trie: StateTrie<BoundedNodeStore<Leaves>> =
-        StateTrie::new(store, TrieConfig::with_threads(config.threads))?;
+    let mut trie: Trie = CompactTrie::new(StateTrie::new(
+        store,
+        TrieConfig::with_threads(config.threads),
+    )?);
     let (mut accounts, mut storages) = (0, 0);
     for nibble in 0..16 {
         let part = read_hashed_state(provider.tx_ref(), nibble)?;
         accounts += part.accounts.len();
         storages += part.storages.len();
         if let Some(leaves) = &leaves
-            && !trie.store().keeps_everything()
+            && !trie.trie().store().keeps_everything()
         {
             // The parts built so far, for the reads of a node an earlier part left below
             // the kept levels (where this part joins the account trie).
@@ -350,19 +400,27 @@ where
             };
             trie.store_mut().set_source(Box::new(built));
         }
-        let output = trie.compute(&part)?;
-        trie.commit(&output)?;
-        trie.store_mut().evict();
+        let output = trie.trie().compute(&part)?;
+        if config.cache_mb.is_some() {
+            // With its rows (not written: the database has them), so that the trie learns
+            // which of the branches it keeps have one while their children are in memory;
+            // otherwise the rows of the first blocks read back the subtrees of the untouched
+            // siblings of the branches they change, to learn it then.
+            trie.commit_new(&output)?;
+        } else {
+            trie.commit_without_rows(&output)?;
+        }
+        trie.evict();
     }
-    if trie.root() != header.state_root() {
+    let root = trie.trie().root();
+    if root != header.state_root() {
         eyre::bail!(
-            "overdrive's trie of block {head} has root {}, the header says {}: the database's hashed state and its head disagree",
-            trie.root(),
+            "overdrive's trie of block {head} has root {root}, the header says {}: the database's hashed state and its head disagree",
             header.state_root()
         );
     }
     drop(provider);
-    let store = trie.store();
+    let store = trie.trie().store();
     info!(
         target: TARGET,
         head,
@@ -376,10 +434,11 @@ where
     );
     Ok(Tip {
         block: header.hash(),
-        trie: CompactTrie::new(trie),
+        trie,
         undo: VecDeque::new(),
         limit: config.blocks_kept,
         leaves,
+        reads_at: None,
     })
 }
 
@@ -528,11 +587,10 @@ where
         ctx: StateRootJobContext<'_, N, P, Evm>,
     ) -> ProviderResult<PreparedStateRootJob<N>> {
         let parent = ctx.env().parent_hash;
-        let reached = self
-            .shared
-            .tip()
-            .as_ref()
-            .is_some_and(|tip| tip.reaches(parent));
+        let (reached, reads_back) = self.shared.tip().as_ref().map_or((false, false), |tip| {
+            let reads_back = !tip.trie.trie().store().keeps_everything();
+            (tip.reaches(parent), reads_back)
+        });
         if !reached {
             if self.shared.failed.load(Ordering::Relaxed) {
                 metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth")
@@ -542,12 +600,27 @@ where
             // reth's synchronous root, the block kept for a rebuilt trie to follow.
             debug!(target: TARGET, %parent, "overdrive's trie does not reach the parent: reth's state root");
         }
-        let job = OverdriveRootJob {
+        let mut job = OverdriveRootJob {
             parent,
             shared: self.shared.clone(),
             provider_builder: ctx.provider_builder(),
+            prefetch: None,
         };
-        Ok(PreparedStateRootJob::new(Box::new(job), None))
+        let Some(prefetcher) = self.prefetcher.as_ref().filter(|_| reached && reads_back) else {
+            return Ok(PreparedStateRootJob::new(Box::new(job), None));
+        };
+        // The block's updates, and the prewarming's hints, to read back what its root will.
+        let (sink, block) = prefetcher.sink(parent);
+        job.prefetch = Some(block);
+        let sink = Arc::new(sink);
+        let updates = StateRootUpdateStream::new(sink.clone());
+        let prepared = PreparedStateRootJob::new(Box::new(job), None)
+            .with_hint_stream(StateRootHintStream::new(sink));
+        Ok(if ctx.parallel_bal_execution() {
+            prepared.with_hashed_update_stream(updates)
+        } else {
+            prepared.with_execution_hook(updates.into_state_hook())
+        })
     }
 
     fn prepare_payload_builder(
@@ -589,6 +662,8 @@ struct OverdriveRootJob<N: NodePrimitives, P> {
     parent: B256,
     shared: Arc<Shared>,
     provider_builder: StateProviderBuilder<N, P>,
+    /// The block's prefetch, stopped when the root begins.
+    prefetch: Option<Arc<BlockPrefetch>>,
 }
 
 impl<N, P> OverdriveRootJob<N, P>
@@ -632,6 +707,9 @@ where
         _output: Arc<BlockExecutionOutput<N::Receipt>>,
         hashed_state: &LazyHashedPostState,
     ) -> ProviderResult<StateRootJobOutcome> {
+        if let Some(prefetch) = &self.prefetch {
+            prefetch.stop();
+        }
         let state = hashed_state.get();
         let expected = block.header().state_root();
         let reths = |job: &Self| {
@@ -651,14 +729,15 @@ where
                     return Ok(Some(Err(output.root)));
                 }
                 let computed = started.elapsed();
-                let rows = tip.advance(block.hash(), &output)?;
+                let (rows, evict) = tip.advance(block.hash(), &output)?;
                 debug!(
                     target: TARGET,
                     block = %block.hash(),
                     dirty_nodes = output.stats.dirty_nodes,
                     keccak_calls = output.stats.keccak_calls,
                     compute = ?computed,
-                    rows = ?started.elapsed().saturating_sub(computed),
+                    rows = ?started.elapsed().saturating_sub(computed + evict),
+                    ?evict,
                     "overdrive's state root"
                 );
                 Ok(Some(Ok((output.root, rows))))
@@ -734,6 +813,10 @@ pub fn describe_metrics() {
         "overdrive_state_root_leaves_read_total",
         "Leaves (accounts and slots) read from the hashed state to rebuild those subtrees"
     );
+    metrics::describe_counter!(
+        "overdrive_state_root_prefetched_keys_total",
+        "Keys of executing blocks whose subtrees overdrive's trie read back before the block's root (--overdrive.trie.prefetch)"
+    );
 }
 
 /// reth's engine validator builder, with overdrive's state root installed when it is on.
@@ -769,13 +852,21 @@ where
         tree_config: TreeConfig,
         overlay_manager: OverlayManager<EthPrimitives>,
     ) -> eyre::Result<Self::EngineValidator> {
+        let enough_parallelism = tree_config.has_enough_parallelism();
         let validator = self
             .inner
             .build_tree_validator(ctx, tree_config, overlay_manager.clone())
             .await?;
-        let Some(config) = self.state_root else {
+        let Some(mut config) = self.state_root else {
             return Ok(validator);
         };
+        if config.prefetch == Prefetch::Auto {
+            config.prefetch = if enough_parallelism {
+                Prefetch::On
+            } else {
+                Prefetch::Off
+            };
+        }
         let provider = ctx.node.provider().clone();
         // The state at a block as reth's own state-root jobs read it: the database, and the
         // blocks the engine holds in memory up to that block on top.

@@ -3,7 +3,7 @@
 use super::*;
 use alloy_primitives::{Address, U256, keccak256};
 use reth_engine_tree::tree::state_root_strategy::{
-    StateRootComputeOutcome, StateRootSink, StateRootTaskError,
+    StateRootComputeOutcome, StateRootSink, StateRootTaskError, evm_state_to_hashed_post_state,
 };
 use revm::state::{Account, AccountInfo, EvmStorageSlot, TransactionId};
 
@@ -136,6 +136,7 @@ fn tip_at(block: B256) -> Tip {
         undo: VecDeque::new(),
         limit: 16,
         leaves: Some(Arc::new(|block| Ok(Box::new(StateLeaves(state_of(block)))))),
+        reads_at: None,
     }
 }
 
@@ -381,4 +382,71 @@ fn changes_between(before: &HashedStateChanges, after: &HashedStateChanges) -> H
         }
     }
     diff
+}
+
+/// A block's updates streamed while it executes are read back on the parent's trie before its
+/// root: the root then reads nothing more, and is the root of the block's state.
+#[test]
+fn a_blocks_updates_are_read_back_before_its_root() {
+    let shared = shared(tip_at(TIP));
+    if let Some(tip) = shared.tip().as_ref() {
+        tip.trie.trie().store().take_reads();
+    }
+    let (prefetcher, receiver) = Prefetcher::new();
+    let (sink, _block) = prefetcher.sink(TIP);
+    let a = Address::with_last_byte(3);
+    let update: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
+        .into_iter()
+        .collect();
+    sink.on_state_update(update.clone());
+    drop((sink, prefetcher));
+    prefetch::serve(&shared, &receiver);
+
+    let mut guard = shared.tip();
+    let tip = guard.as_mut().unwrap();
+    let read = tip.trie.trie().store().take_reads();
+    assert!(read.subtrees > 0 && read.leaves > 0, "{read:?}");
+    let output = tip
+        .compute(&changes(&evm_state_to_hashed_post_state(update)))
+        .unwrap();
+    assert_eq!(
+        tip.trie.trie().store().take_reads(),
+        overdrive_trie::SourceReads::default()
+    );
+    let mut expected = genesis();
+    let ha = keccak256(a);
+    expected.accounts.insert(ha, Some(hashed(&info(4, 900))));
+    expected
+        .storages
+        .get_mut(&ha)
+        .unwrap()
+        .slots
+        .insert(hashed_slot(1), U256::from(9));
+    assert_eq!(output.root, trie_of(&expected).root());
+}
+
+/// Nothing is read for a block whose root began, nor while the trie is at another block than
+/// the block's parent.
+#[test]
+fn a_prefetch_reads_only_for_the_tries_block_before_the_root() {
+    let a = Address::with_last_byte(3);
+    let update = || -> revm::state::EvmState {
+        [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
+            .into_iter()
+            .collect()
+    };
+    for (tip, stopped) in [(TIP, true), (B256::repeat_byte(9), false)] {
+        let shared = shared(tip_at(tip));
+        let (prefetcher, receiver) = Prefetcher::new();
+        let (sink, block) = prefetcher.sink(TIP);
+        sink.on_state_update(update());
+        if stopped {
+            block.stop();
+        }
+        drop((sink, prefetcher));
+        prefetch::serve(&shared, &receiver);
+        let guard = shared.tip();
+        let reads = guard.as_ref().unwrap().trie.trie().store().take_reads();
+        assert_eq!(reads, overdrive_trie::SourceReads::default());
+    }
 }
