@@ -16,7 +16,8 @@
 //!   AVX-512 and four where it has AVX2 (`keccak` module; [`TrieConfig::batch_hashing`]).
 //! - [`BoundedNodeStore`]: a store that keeps only the top of each trie in memory (to a depth,
 //!   or a memory budget) and rebuilds the nodes below from the state's leaves, which a
-//!   [`LeafSource`] reads (a database's hashed state).
+//!   [`LeafSource`] reads (a database's hashed state); [`BoundedNodeStore::prefetch`] does a
+//!   key's reads ahead of the block that changes it.
 //! - [`RawTrie`]: the same engine over raw keys of any length (the ethereum/tests vectors).
 //! - [`reference`](mod@reference): the root by a full alloy-trie `HashBuilder` build, the
 //!   definition the trie is tested against.
