@@ -800,10 +800,9 @@ mod tests {
         }
     }
 
-    /// Accounts created in one block, then one of them changed: with only the root and its
-    /// children kept, the change reads back the one subtree under the account's first nibble.
-    #[test]
-    fn a_change_reads_back_the_subtree_it_falls_in() {
+    /// 256 accounts created in one block on a trie that keeps only the root and its children,
+    /// and on the full trie; the model state and the accounts' keys.
+    fn two_levels_of_256_accounts() -> (Bounded, CompactTrie, Model, Vec<B256>) {
         let mut model = Model::new();
         let keys: Vec<B256> = (0u8..=255)
             .map(|i| alloy_primitives::keccak256([i]))
@@ -813,9 +812,8 @@ mod tests {
             .collect();
         let mut trie = bounded(BoundedNodeStore::new(2), 2);
         let mut full = full(2);
-        let before = model.clone();
         let diff = block_diff(&mut model, &keys, &created);
-        step(&mut trie, &mut full, &before, &diff);
+        step(&mut trie, &mut full, &Model::new(), &diff);
         assert_eq!(
             trie.trie().store().mem().len(),
             17,
@@ -823,7 +821,27 @@ mod tests {
         );
         // (The undo batch looked for the new nodes in the empty state before.)
         trie.trie().store().take_reads();
+        (trie, full, model, keys)
+    }
 
+    /// What reading back the subtree under the first nibble of `key` reads.
+    fn subtree_under_first_nibble(keys: &[B256], key: B256) -> SourceReads {
+        let under = Nibbles::unpack(key).slice(..1);
+        let leaves = keys
+            .iter()
+            .filter(|k| Nibbles::unpack(*k).starts_with(&under))
+            .count() as u64;
+        SourceReads {
+            subtrees: 1,
+            leaves,
+        }
+    }
+
+    /// Accounts created in one block, then one of them changed: with only the root and its
+    /// children kept, the change reads back the one subtree under the account's first nibble.
+    #[test]
+    fn a_change_reads_back_the_subtree_it_falls_in() {
+        let (mut trie, mut full, mut model, keys) = two_levels_of_256_accounts();
         let before = model.clone();
         let diff = block_diff(
             &mut model,
@@ -831,52 +849,26 @@ mod tests {
             &[crate::compact::tests::Change::Account(7, 9)],
         );
         step(&mut trie, &mut full, &before, &diff);
-        let under = Nibbles::unpack(keys[7]).slice(..1);
-        let expected = keys
-            .iter()
-            .filter(|k| Nibbles::unpack(*k).starts_with(&under))
-            .count() as u64;
-        let reads = trie.trie().store().take_reads();
-        assert_eq!(reads.subtrees, 1);
-        assert_eq!(reads.leaves, expected);
+        assert_eq!(
+            trie.trie().store().take_reads(),
+            subtree_under_first_nibble(&keys, keys[7])
+        );
     }
 
     /// The same change prefetched: the prefetch reads the one subtree, the root nothing.
     #[test]
     fn a_prefetch_reads_what_the_change_will() {
-        let mut model = Model::new();
-        let keys: Vec<B256> = (0u8..=255)
-            .map(|i| alloy_primitives::keccak256([i]))
-            .collect();
-        let created: Vec<_> = (0..keys.len())
-            .map(|a| crate::compact::tests::Change::Account(a, 1))
-            .collect();
-        let mut trie = bounded(BoundedNodeStore::new(2), 2);
-        let mut full = full(2);
-        let before = model.clone();
-        let diff = block_diff(&mut model, &keys, &created);
-        step(&mut trie, &mut full, &before, &diff);
-
+        let (mut trie, full, mut model, keys) = two_levels_of_256_accounts();
         let store = trie.trie().store();
-        store.take_reads();
         store.prefetch(TrieId::Account, keys[7]).unwrap();
         assert_eq!(store.take_reads(), SourceReads::default(), "no source yet");
-        let before = model.clone();
         trie.store_mut()
-            .set_source(ModelLeaves(Arc::new(before.clone())));
+            .set_source(ModelLeaves(Arc::new(model.clone())));
         let store = trie.trie().store();
         store.prefetch(TrieId::Account, keys[7]).unwrap();
-        let under = Nibbles::unpack(keys[7]).slice(..1);
-        let expected = keys
-            .iter()
-            .filter(|k| Nibbles::unpack(*k).starts_with(&under))
-            .count() as u64;
         assert_eq!(
             store.take_reads(),
-            SourceReads {
-                subtrees: 1,
-                leaves: expected
-            }
+            subtree_under_first_nibble(&keys, keys[7])
         );
         // A storage trie that does not exist has nothing to read back.
         store
