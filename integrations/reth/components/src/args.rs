@@ -103,9 +103,10 @@ pub struct OverdriveArgs {
     #[arg(long = "overdrive.trie.cache-mb", value_name = "MIB")]
     pub trie_cache_mb: Option<u32>,
 
-    /// With `--overdrive.trie.cache-mb`: read back what a block's root needs while the block
-    /// executes, on a thread of its own [auto: on machines where reth streams updates to its
-    /// own state-root task, five cores or more].
+    /// Take what a block's root will read while the block executes, on a thread of its own:
+    /// with `--overdrive.trie.cache-mb`, read it back from the database; with the whole trie,
+    /// bring its nodes into the cache [auto: where reth streams updates to its own state-root
+    /// task: five cores or more, or with `--overdrive.engine.state-root-task`].
     #[arg(
         long = "overdrive.trie.prefetch",
         value_enum,
@@ -113,6 +114,12 @@ pub struct OverdriveArgs {
         value_name = "WHEN"
     )]
     pub trie_prefetch: Prefetch,
+
+    /// Run reth's sparse-trie state-root task on machines with fewer than five cores too
+    /// (there reth computes the root on one thread after execution): the engine then streams
+    /// each transaction's state updates to whichever state root is on.
+    #[arg(long = "overdrive.engine.state-root-task")]
+    pub state_root_task: bool,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -139,6 +146,7 @@ impl Default for OverdriveArgs {
             trie_threads: None,
             trie_cache_mb: None,
             trie_prefetch: Prefetch::default(),
+            state_root_task: false,
         }
     }
 }
@@ -148,6 +156,7 @@ const SWITCHES: &[&str] = &[
     "--overdrive.pool",
     "--overdrive.merkle-stage",
     "--overdrive.merkle-stage.no-fallback",
+    "--overdrive.engine.state-root-task",
 ];
 
 impl OverdriveArgs {
@@ -201,25 +210,28 @@ impl OverdriveArgs {
         } else {
             "merkle stage: reth".to_string()
         };
+        let prefetch = self
+            .trie_prefetch
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
         let root = match self.state_root {
             StateRootMode::Reth => "state root: reth".to_string(),
             StateRootMode::Overdrive => format!(
-                "state root: overdrive parallel ({} threads, {})",
+                "state root: overdrive parallel ({} threads, {}, prefetch {prefetch})",
                 threads(self.trie_threads),
                 match self.trie_cache_mb {
-                    Some(mb) => format!(
-                        "nodes kept to {mb} MiB, prefetch {}",
-                        match self.trie_prefetch {
-                            Prefetch::Auto => "auto",
-                            Prefetch::On => "on",
-                            Prefetch::Off => "off",
-                        }
-                    ),
+                    Some(mb) => format!("nodes kept to {mb} MiB"),
                     None => "whole trie kept".to_string(),
                 }
             ),
         };
-        format!("{exec}; {pool}; {merkle}; {root}")
+        let task = if self.state_root_task {
+            "; reth's state-root task on any core count"
+        } else {
+            ""
+        };
+        format!("{exec}; {pool}; {merkle}; {root}{task}")
     }
 
     /// The settings of overdrive's state root, when it is on.
@@ -399,10 +411,9 @@ mod tests {
         assert!(args.any_on() && !args.import_on());
         assert_eq!(args.state_root_config().map(|c| c.threads), Some(3));
         assert_eq!(args.state_root_config().and_then(|c| c.cache_mb), None);
-        assert!(
-            args.summary()
-                .ends_with("state root: overdrive parallel (3 threads, whole trie kept)")
-        );
+        assert!(args.summary().ends_with(
+            "state root: overdrive parallel (3 threads, whole trie kept, prefetch auto)"
+        ));
         let (_, args) = split(
             "overdrive-reth node --overdrive.state-root overdrive --overdrive.trie.cache-mb 512",
         )
@@ -424,6 +435,15 @@ mod tests {
         assert!(split("overdrive-reth node --overdrive.trie.cache-mb lots").is_err());
         let (_, args) = split("overdrive-reth node --overdrive.state-root reth").unwrap();
         assert_eq!(args.state_root_config(), None);
+        assert!(!args.state_root_task);
+        let (rest, args) =
+            split("overdrive-reth node --overdrive.engine.state-root-task --dev").unwrap();
+        assert_eq!(rest, ["overdrive-reth", "node", "--dev"]);
+        assert!(args.state_root_task && !args.any_on());
+        assert!(
+            args.summary()
+                .ends_with("state root: reth; reth's state-root task on any core count")
+        );
         assert!(split("overdrive-reth node --overdrive.state-root fast").is_err());
         assert!(split("overdrive-reth node --overdrive.trie.threads 0").is_err());
     }

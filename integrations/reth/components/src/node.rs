@@ -128,7 +128,8 @@ where
             EthereumEthApiBuilder::default(),
             EthereumEngineValidatorBuilder::default(),
             BasicEngineApiBuilder::default(),
-            OverdriveEngineValidatorBuilder::new(self.args.state_root_config()),
+            OverdriveEngineValidatorBuilder::new(self.args.state_root_config())
+                .with_state_root_task(self.args.state_root_task),
             Default::default(),
             Identity::new(),
         ))

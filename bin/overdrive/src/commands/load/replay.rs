@@ -40,10 +40,16 @@ pub struct ReplayArgs {
     /// (`--overdrive.trie.cache-mb`; default: the whole trie).
     #[arg(long, value_name = "MIB")]
     trie_cache_mb: Option<u32>,
-    /// With `--trie-cache-mb`: when overdrive's trie reads back what a block's root needs
-    /// while the block executes (`--overdrive.trie.prefetch`; default: the node's, auto).
+    /// With `--component state-root`: whether overdrive's trie takes what a block's root
+    /// will read while the block executes (`--overdrive.trie.prefetch`; default: the node's,
+    /// auto).
     #[arg(long, value_name = "WHEN", value_parser = ["auto", "on", "off"])]
     trie_prefetch: Option<String>,
+    /// Both nodes run reth's sparse-trie state-root task whatever the machine's core count
+    /// (`--overdrive.engine.state-root-task`): below five cores, where reth otherwise computes
+    /// the root after execution on one thread, to compare against its task.
+    #[arg(long)]
+    state_root_task: bool,
     /// Where the nodes' datadirs and logs go.
     #[arg(long, default_value = "replay-report")]
     out: PathBuf,
@@ -114,12 +120,17 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
         runs[1].1.extend(["--overdrive.trie.cache-mb", mb.as_str()]);
     }
     if let Some(when) = &args.trie_prefetch {
-        if cache_mb.is_none() {
-            bail!("--trie-prefetch is a setting of --trie-cache-mb");
+        if args.component != Component::StateRoot {
+            bail!("--trie-prefetch is a setting of --component state-root");
         }
         runs[1]
             .1
             .extend(["--overdrive.trie.prefetch", when.as_str()]);
+    }
+    if args.state_root_task {
+        for (_, flags) in &mut runs {
+            flags.push("--overdrive.engine.state-root-task");
+        }
     }
     let mut results = Vec::new();
     for (label, flags) in runs {

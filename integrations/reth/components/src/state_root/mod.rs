@@ -4,8 +4,9 @@
 //! The trie is kept in memory, one copy of it: whole, or with `--overdrive.trie.cache-mb` only
 //! its top levels, as many as fit the budget, the nodes below read back from reth's hashed
 //! state tables (with the blocks not yet persisted on top) when a block changes them
-//! (`leaves`, [`BoundedNodeStore`]); with `--overdrive.trie.prefetch` those reads start while
-//! the block executes, from the engine's stream of its state updates (`prefetch`). At launch
+//! (`leaves`, [`BoundedNodeStore`]). With `--overdrive.trie.prefetch` the engine's stream of
+//! each block's state updates is taken while the block executes, to start those reads, or for
+//! a whole trie to bring the nodes the root will read into the cache (`prefetch`). At launch
 //! it is built from reth's hashed state tables and its root checked against the database
 //! head's header; after that it follows the
 //! blocks the engine validates: a block whose parent is the trie's block, or one of the last
@@ -97,8 +98,8 @@ pub struct StateRootConfig {
     /// The most memory the trie's nodes may take, in MiB: the levels that do not fit are read
     /// back from the database when a block changes them. `None`: the whole trie is kept.
     pub cache_mb: Option<usize>,
-    /// Whether a trie kept to `cache_mb` reads back what a block's root needs while the block
-    /// executes (`prefetch`).
+    /// Whether the trie takes what a block's root needs while the block executes
+    /// (`prefetch`).
     pub prefetch: Prefetch,
 }
 
@@ -113,9 +114,10 @@ impl Default for StateRootConfig {
     }
 }
 
-/// When a trie kept to its top levels reads back, while a block executes, what the block's
-/// root will read. The reads then run on a thread of their own beside execution: worth it
-/// where cores are spare, a cost to execution where they are not.
+/// When the trie takes, while a block executes, what the block's root will read: a trie kept
+/// to its top levels reads it back from the database, a whole trie brings it into the cache.
+/// The reads run on a thread of their own beside execution: worth it where cores are spare, a
+/// cost to execution where they are not.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Prefetch {
     /// Where reth streams each block's updates to its own state-root task: on machines with
@@ -341,16 +343,15 @@ impl OverdriveStateRoot {
             tip,
             Box::new(move || build_tip(&factory, config, leaves.clone())),
         ));
-        let prefetcher = config
-            .cache_mb
-            .filter(|_| config.prefetch != Prefetch::Off)
-            .and_then(|_| {
+        let prefetcher = (config.prefetch != Prefetch::Off)
+            .then(|| {
                 Prefetcher::spawn(shared.clone())
                     .inspect_err(|error| {
                         warn!(target: TARGET, %error, "Could not start the prefetch thread: each root reads what it needs itself");
                     })
                     .ok()
-            });
+            })
+            .flatten();
         Self {
             default: DefaultStateRootStrategy::default(),
             shared,
@@ -587,10 +588,11 @@ where
         ctx: StateRootJobContext<'_, N, P, Evm>,
     ) -> ProviderResult<PreparedStateRootJob<N>> {
         let parent = ctx.env().parent_hash;
-        let (reached, reads_back) = self.shared.tip().as_ref().map_or((false, false), |tip| {
-            let reads_back = !tip.trie.trie().store().keeps_everything();
-            (tip.reaches(parent), reads_back)
-        });
+        let reached = self
+            .shared
+            .tip()
+            .as_ref()
+            .is_some_and(|tip| tip.reaches(parent));
         if !reached {
             if self.shared.failed.load(Ordering::Relaxed) {
                 metrics::counter!("overdrive_state_root_blocks_total", "root" => "reth")
@@ -606,10 +608,10 @@ where
             provider_builder: ctx.provider_builder(),
             prefetch: None,
         };
-        let Some(prefetcher) = self.prefetcher.as_ref().filter(|_| reached && reads_back) else {
+        let Some(prefetcher) = self.prefetcher.as_ref().filter(|_| reached) else {
             return Ok(PreparedStateRootJob::new(Box::new(job), None));
         };
-        // The block's updates, and the prewarming's hints, to read back what its root will.
+        // The block's updates, and the prewarming's hints, to take what its root will read.
         let (sink, block) = prefetcher.sink(parent);
         job.prefetch = Some(block);
         let sink = Arc::new(sink);
@@ -824,6 +826,8 @@ pub fn describe_metrics() {
 pub struct OverdriveEngineValidatorBuilder {
     inner: BasicEngineValidatorBuilder<EthereumEngineValidatorBuilder>,
     state_root: Option<StateRootConfig>,
+    /// Whether reth's sparse-trie task runs whatever the core count.
+    state_root_task: bool,
 }
 
 impl OverdriveEngineValidatorBuilder {
@@ -832,7 +836,15 @@ impl OverdriveEngineValidatorBuilder {
         Self {
             inner: BasicEngineValidatorBuilder::default(),
             state_root,
+            state_root_task: false,
         }
+    }
+
+    /// Runs reth's sparse-trie state-root task (and so streams each transaction's state
+    /// updates to the state root) also below the five cores reth asks for.
+    pub const fn with_state_root_task(mut self, on: bool) -> Self {
+        self.state_root_task = on;
+        self
     }
 }
 
@@ -852,6 +864,11 @@ where
         tree_config: TreeConfig,
         overlay_manager: OverlayManager<EthPrimitives>,
     ) -> eyre::Result<Self::EngineValidator> {
+        let tree_config = if self.state_root_task {
+            tree_config.with_has_enough_parallelism(true)
+        } else {
+            tree_config
+        };
         let enough_parallelism = tree_config.has_enough_parallelism();
         let validator = self
             .inner

@@ -6,7 +6,8 @@
 //! job as it executes; a thread of the strategy walks the trie along each key and rebuilds
 //! the subtree the root will read ([`BoundedNodeStore::prefetch`]), so that the root, on the
 //! block's critical path, finds it ready. The reads are the ones the root would make, from the
-//! same state (the parent's): what the prefetch misses, the root reads itself.
+//! same state (the parent's): what the prefetch misses, the root reads itself. A whole trie
+//! reads nothing back; the walk brings the nodes the root will hash into the cache.
 //!
 //! [`BoundedNodeStore::prefetch`]: overdrive_trie::BoundedNodeStore::prefetch
 
@@ -41,7 +42,7 @@ impl BlockPrefetch {
         self.stopped.store(true, Ordering::Relaxed);
     }
 
-    fn stopped(&self) -> bool {
+    pub(super) fn stopped(&self) -> bool {
         self.stopped.load(Ordering::Relaxed)
     }
 }

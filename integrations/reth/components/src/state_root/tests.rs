@@ -413,16 +413,53 @@ fn a_blocks_updates_are_read_back_before_its_root() {
         tip.trie.trie().store().take_reads(),
         overdrive_trie::SourceReads::default()
     );
-    let mut expected = genesis();
-    let ha = keccak256(a);
-    expected.accounts.insert(ha, Some(hashed(&info(4, 900))));
-    expected
+    assert_eq!(output.root, trie_of(&state_after_update_of_3()).root());
+}
+
+/// The genesis state after the update of account 3 the prefetch tests stream: nonce 4, balance
+/// 900, slot 1 set to 9.
+fn state_after_update_of_3() -> HashedStateChanges {
+    let mut state = genesis();
+    let address = keccak256(Address::with_last_byte(3));
+    state.accounts.insert(address, Some(hashed(&info(4, 900))));
+    state
         .storages
-        .get_mut(&ha)
+        .get_mut(&address)
         .unwrap()
         .slots
         .insert(hashed_slot(1), U256::from(9));
-    assert_eq!(output.root, trie_of(&expected).root());
+    state
+}
+
+/// On a whole trie the prefetch walks the block's keys without a source to read from (a read
+/// would fail and stop the block's prefetch), and the root after it is the block's.
+#[test]
+fn a_whole_trie_prefetches_without_reading() {
+    let mut trie =
+        StateTrie::new(BoundedNodeStore::default(), TrieConfig::with_threads(2)).unwrap();
+    trie.apply(&genesis()).unwrap();
+    let shared = shared(Tip {
+        leaves: None,
+        trie: CompactTrie::new(trie),
+        ..tip_at(TIP)
+    });
+    let (prefetcher, receiver) = Prefetcher::new();
+    let (sink, block) = prefetcher.sink(TIP);
+    let a = Address::with_last_byte(3);
+    let update: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
+        .into_iter()
+        .collect();
+    sink.on_state_update(update.clone());
+    drop((sink, prefetcher));
+    prefetch::serve(&shared, &receiver);
+    assert!(!block.stopped(), "the prefetch failed");
+
+    let mut guard = shared.tip();
+    let tip = guard.as_mut().unwrap();
+    let output = tip
+        .compute(&changes(&evm_state_to_hashed_post_state(update)))
+        .unwrap();
+    assert_eq!(output.root, trie_of(&state_after_update_of_3()).root());
 }
 
 /// Nothing is read for a block whose root began, nor while the trie is at another block than
