@@ -23,7 +23,7 @@ use crate::{
     HashedAccount,
     engine::root_of_node,
     node::{Node, StoredNode, Value},
-    store::{ChildNodes, MemNodeStore, NodeStore, NodeUpdates, StateTrieUpdates, TrieId},
+    store::{ChildNodes, MemNodeStore, NodeStore, NodeUpdates, Replaced, StateTrieUpdates, TrieId},
 };
 use alloy_primitives::{
     B256, U256,
@@ -644,6 +644,18 @@ impl<L: LeafSource> NodeStore for BoundedNodeStore<L> {
         let Ok(()) = self.mem.apply(updates);
         Ok(())
     }
+
+    fn apply_replacing(
+        &mut self,
+        updates: &StateTrieUpdates,
+    ) -> Result<Option<Replaced>, BoundedStoreError> {
+        // Below the depth the old nodes are not in memory: they are read first.
+        if !self.keeps_everything() {
+            return Ok(None);
+        }
+        let Ok(replaced) = self.mem.apply_replacing(updates);
+        Ok(replaced)
+    }
 }
 
 #[cfg(test)]
@@ -731,7 +743,10 @@ mod tests {
         let (rows, undo) = bounded.commit_with_undo(&output).unwrap();
         let (expected_rows, expected_undo) = full.commit_with_undo(&expected).unwrap();
         assert_eq!(rows, expected_rows);
-        assert_eq!(undo.updates, expected_undo.updates);
+        assert_eq!(
+            crate::undo::tests::outcome(&undo.updates),
+            crate::undo::tests::outcome(&expected_undo.updates)
+        );
         bounded.evict();
         (output, rows, undo)
     }

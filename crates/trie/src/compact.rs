@@ -280,12 +280,15 @@ impl<S: NodeStore> CompactTrie<S> {
     }
 
     /// [`CompactTrie::commit`], also returning the batch that takes it back
-    /// ([`StateTrie::undo_of`]), the old nodes read once for both.
+    /// ([`StateTrie::commit_with_undo`]): the old nodes give both the undo batch and the paths
+    /// that held a branch.
     pub fn commit_with_undo(
         &mut self,
         output: &StateRootOutput,
     ) -> Result<(CompactUpdates, StateRootOutput), TrieError> {
-        let undo = self.trie.undo_of(output)?;
+        let started = std::time::Instant::now();
+        let undo = self.trie.commit_with_undo(output)?;
+        let applied = started.elapsed();
         // The undo batch writes back every old node the batch replaces: its branches are the
         // paths that held one.
         let accounts_before = branches_in(&undo.updates.account_nodes);
@@ -302,7 +305,13 @@ impl<S: NodeStore> CompactTrie<S> {
                 (*owner, before)
             })
             .collect();
-        let rows = self.commit_rows(output, accounts_before, storages_before)?;
+        let rows = self.rows_of_committed(output, accounts_before, storages_before)?;
+        tracing::debug!(
+            target: "overdrive::trie",
+            ?applied,
+            rows = ?started.elapsed().saturating_sub(applied),
+            "Batch committed with its undo batch"
+        );
         Ok((rows, undo))
     }
 
@@ -312,8 +321,19 @@ impl<S: NodeStore> CompactTrie<S> {
         accounts_before: HashSet<Nibbles>,
         storages_before: B256Map<HashSet<Nibbles>>,
     ) -> Result<CompactUpdates, TrieError> {
-        let updates = &output.updates;
         self.trie.commit(output)?;
+        self.rows_of_committed(output, accounts_before, storages_before)
+    }
+
+    /// The rows of `output`, committed just now; `*_before` are the paths that held a branch
+    /// before it.
+    fn rows_of_committed(
+        &mut self,
+        output: &StateRootOutput,
+        accounts_before: HashSet<Nibbles>,
+        storages_before: B256Map<HashSet<Nibbles>>,
+    ) -> Result<CompactUpdates, TrieError> {
+        let updates = &output.updates;
         let mut compact = CompactUpdates::default();
         // The storage tries' answers are taken out of the map for the parallel jobs to borrow
         // one each, and put back after.

@@ -367,6 +367,23 @@ impl<S: NodeStore> StateTrie<S> {
         Ok(())
     }
 
+    /// [`StateTrie::commit`] through [`NodeStore::apply_replacing`]: what the batch replaced,
+    /// or `None` when the store cannot take it out (then nothing changed).
+    pub(crate) fn commit_replacing(
+        &mut self,
+        output: &StateRootOutput,
+    ) -> Result<Option<crate::store::Replaced>, TrieError> {
+        let store = &mut self.store;
+        let replaced = self
+            .pool
+            .install(|| store.apply_replacing(&output.updates))
+            .map_err(TrieError::store)?;
+        if replaced.is_some() {
+            self.root = output.root;
+        }
+        Ok(replaced)
+    }
+
     /// Computes the root and node changes of `diff` without writing them.
     pub fn compute(&self, diff: &HashedStateChanges) -> Result<StateRootOutput, TrieError> {
         let started = Instant::now();

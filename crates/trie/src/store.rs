@@ -94,7 +94,33 @@ pub trait NodeStore: Send + Sync {
     /// database store writes the batch in one transaction). The trie keeps its old root when
     /// `apply` fails, so a half-applied batch would leave nodes that no root describes.
     fn apply(&mut self, updates: &StateTrieUpdates) -> Result<(), Self::Error>;
+
+    /// [`NodeStore::apply`], also returning the nodes the batch replaced, where the store can
+    /// take them out as it writes: cheaper than reading them first for a batch that may be
+    /// taken back ([`crate::StateTrie::commit_with_undo`]). `Ok(None)`: the store cannot, and
+    /// nothing was applied.
+    fn apply_replacing(
+        &mut self,
+        updates: &StateTrieUpdates,
+    ) -> Result<Option<Replaced>, Self::Error> {
+        let _ = updates;
+        Ok(None)
+    }
 }
+
+/// The nodes a batch replaced ([`NodeStore::apply_replacing`]): what each path it wrote or
+/// deleted held before it, and the whole old trie of each storage trie it wiped.
+#[derive(Debug, Default)]
+pub struct Replaced {
+    pub(crate) accounts: ReplacedNodes,
+    pub(crate) storages: B256Map<ReplacedNodes>,
+    /// The storage tries the batch wiped, as they were.
+    pub(crate) wiped: MemNodeStore,
+}
+
+/// The node each path a batch wrote or deleted held before it (`None`: none), in the order
+/// the store applied them. A batch changes each path once.
+pub(crate) type ReplacedNodes = Vec<(Nibbles, Option<StoredNode>)>;
 
 /// The children of one path, by nibble: each child's node and its reference, in nibble order,
 /// borrowed from the store or owned.
@@ -416,15 +442,16 @@ impl Group {
         children
     }
 
-    fn set(&mut self, nibble: u8, node: &StoredNode) {
+    /// Stores `node` under `nibble`; returns the node it replaces.
+    fn set(&mut self, nibble: u8, node: &StoredNode) -> Option<StoredNode> {
         if self.mask.is_bit_set(nibble) {
             let at = self.position(nibble);
             let (refs, nodes) = self.slots_mut();
-            if let (Some(slot), Some(reference)) = (nodes.get_mut(at), refs.get_mut(at)) {
-                slot.clone_from(&node.node);
-                reference.clone_from(&node.reference);
-            }
-            return;
+            let (slot, reference) = (nodes.get_mut(at)?, refs.get_mut(at)?);
+            return Some(StoredNode {
+                node: std::mem::replace(slot, node.node.clone()),
+                reference: std::mem::replace(reference, node.reference.clone()),
+            });
         }
         if self.spill.is_none() && self.len() == INLINE {
             // Moving to the heap: every child to its nibble's slot.
@@ -454,6 +481,7 @@ impl Group {
             }
         }
         self.mask.set_bit(nibble);
+        None
     }
 
     fn slots_mut(&mut self) -> (&mut [RlpNode], &mut [Node]) {
@@ -463,17 +491,21 @@ impl Group {
         }
     }
 
-    fn remove(&mut self, nibble: u8) {
+    /// Removes the node under `nibble` and returns it.
+    fn remove(&mut self, nibble: u8) -> Option<StoredNode> {
         if !self.mask.is_bit_set(nibble) {
-            return;
+            return None;
         }
         let at = self.position(nibble);
         let len = self.len();
         self.mask.unset_bit(nibble);
+        let (refs, nodes) = self.slots_mut();
+        let removed = StoredNode {
+            node: std::mem::replace(&mut nodes[at], PLACEHOLDER),
+            reference: std::mem::take(&mut refs[at]),
+        };
         match &mut self.spill {
-            Some(spill) => {
-                spill.refs[at] = RlpNode::default();
-                spill.nodes[at] = PLACEHOLDER;
+            Some(_) => {
                 if len - 1 <= INLINE {
                     // Back into the entry, in nibble order.
                     let spill = self.spill.take().map(|s| *s);
@@ -487,12 +519,11 @@ impl Group {
                 }
             }
             None => {
-                self.refs[at] = RlpNode::default();
-                self.nodes[at] = PLACEHOLDER;
                 self.refs[at..len].rotate_left(1);
                 self.nodes[at..len].rotate_left(1);
             }
         }
+        Some(removed)
     }
 }
 
@@ -529,19 +560,30 @@ struct ShardBatch<'a> {
 }
 
 impl ShardBatch<'_> {
-    fn apply(&self, map: &mut Arc<GroupMap>) {
+    /// Writes the batch to `map`; with `replaced`, notes there what each path held.
+    fn apply(&self, map: &mut Arc<GroupMap>, mut replaced: Option<&mut ReplacedNodes>) {
         if self.deletes.is_empty() && self.writes.is_empty() {
             return;
         }
+        if let Some(replaced) = replaced.as_deref_mut() {
+            replaced.reserve(self.deletes.len() + self.writes.len());
+        }
+        let mut note = |path: &Nibbles, old: Option<StoredNode>| {
+            if let Some(replaced) = replaced.as_deref_mut() {
+                replaced.push((*path, old));
+            }
+        };
         let map = Arc::make_mut(map);
         for path in &self.deletes {
             let parent = path.slice(..path.len() - 1);
+            let mut old = None;
             if let Some(group) = map.get_mut(&parent) {
-                group.remove(path.get_unchecked(path.len() - 1));
+                old = group.remove(path.get_unchecked(path.len() - 1));
                 if group.is_empty() {
                     map.remove(&parent);
                 }
             }
+            note(path, old);
         }
         // Siblings are written one after another: look their group up once.
         let mut i = 0;
@@ -552,7 +594,7 @@ impl ShardBatch<'_> {
                 if sibling.len() != path.len() || sibling.common_prefix_length(path) < last {
                     break;
                 }
-                group.set(sibling.get_unchecked(last), node);
+                note(sibling, group.set(sibling.get_unchecked(last), node));
                 i += 1;
             }
         }
@@ -692,7 +734,15 @@ impl MemTrie {
                 .sum::<usize>()
     }
 
-    fn apply(&mut self, updates: &NodeUpdates) {
+    /// Writes `updates`; with `note`, returns what each path they write or delete held
+    /// (otherwise nothing).
+    fn apply_noting(&mut self, updates: &NodeUpdates, note: bool) -> ReplacedNodes {
+        let mut replaced = ReplacedNodes::default();
+        let mut noted = |path: &Nibbles, old: Option<StoredNode>| {
+            if note {
+                replaced.push((*path, old));
+            }
+        };
         // Order the batch by shard, then write the shards in parallel.
         let mut batches: [ShardBatch<'_>; 16] = Default::default();
         let per_shard = updates.write_count() / 12 + 1;
@@ -701,8 +751,8 @@ impl MemTrie {
         }
         for path in updates.deletes() {
             match path.len() {
-                0 => self.root = None,
-                1 => self.top.remove(path.get_unchecked(0)),
+                0 => noted(path, self.root.take()),
+                1 => noted(path, self.top.remove(path.get_unchecked(0))),
                 _ => batches[usize::from(path.get_unchecked(0))]
                     .deletes
                     .push(path),
@@ -711,26 +761,38 @@ impl MemTrie {
         for write in updates.writes() {
             let path = &write.0;
             match path.len() {
-                0 => self.root = Some(write.1.clone()),
-                1 => self.top.set(path.get_unchecked(0), &write.1),
+                0 => noted(path, self.root.replace(write.1.clone())),
+                1 => noted(path, self.top.set(path.get_unchecked(0), &write.1)),
                 _ => batches[usize::from(path.get_unchecked(0))]
                     .writes
                     .push(write),
             }
         }
-        let apply_shard =
-            |(map, batch): (&mut Arc<GroupMap>, &mut ShardBatch<'_>)| batch.apply(map);
+        let mut shards_replaced: [ReplacedNodes; 16] = Default::default();
+        let apply_shard = |((map, batch), replaced): (
+            (&mut Arc<GroupMap>, &mut ShardBatch<'_>),
+            &mut ReplacedNodes,
+        )| batch.apply(map, note.then_some(replaced));
         if parallel(updates.write_count() + updates.deletes().len()) {
             self.shards
                 .par_iter_mut()
                 .zip(batches.par_iter_mut())
+                .zip(shards_replaced.par_iter_mut())
                 .for_each(apply_shard);
         } else {
             self.shards
                 .iter_mut()
                 .zip(batches.iter_mut())
+                .zip(shards_replaced.iter_mut())
                 .for_each(apply_shard);
         }
+        if note {
+            replaced.reserve(shards_replaced.iter().map(Vec::len).sum());
+            for shard in shards_replaced {
+                replaced.extend(shard);
+            }
+        }
+        replaced
     }
 
     fn nodes(&self) -> BTreeMap<Nibbles, StoredNode> {
@@ -933,30 +995,63 @@ impl NodeStore for MemNodeStore {
     }
 
     fn apply(&mut self, updates: &StateTrieUpdates) -> Result<(), Infallible> {
+        self.apply_noting(updates, false);
+        Ok(())
+    }
+
+    fn apply_replacing(
+        &mut self,
+        updates: &StateTrieUpdates,
+    ) -> Result<Option<Replaced>, Infallible> {
+        Ok(Some(self.apply_noting(updates, true)))
+    }
+}
+
+impl MemNodeStore {
+    /// Writes `updates`; with `note`, returns what they replaced (otherwise nothing).
+    fn apply_noting(&mut self, updates: &StateTrieUpdates, note: bool) -> Replaced {
         let Self { accounts, storages } = self;
         let mut apply_storages = || {
+            let mut replaced = B256Map::default();
+            let mut wiped = MemNodeStore::default();
             for (owner, storage) in &updates.storage_tries {
-                if storage.wiped {
-                    storages.remove(owner);
+                if storage.wiped
+                    && let Some(old) = storages.remove(owner)
+                    && note
+                {
+                    wiped.storages.insert(*owner, old);
                 }
                 if storage.nodes.is_empty() {
                     continue;
                 }
                 let trie = Arc::make_mut(storages.entry(*owner).or_default());
-                trie.apply(&storage.nodes);
+                let nodes = trie.apply_noting(&storage.nodes, note);
                 if trie.is_empty() {
                     storages.remove(owner);
                 }
+                if note {
+                    replaced.insert(*owner, nodes);
+                }
             }
+            (replaced, wiped)
         };
-        if parallel(updates.writes() + updates.deletes()) {
+        let (accounts, (storages, wiped)) = if parallel(updates.writes() + updates.deletes()) {
             // The account trie and the storage tries are separate maps: write them side by side.
-            rayon::join(|| accounts.apply(&updates.account_nodes), apply_storages);
+            rayon::join(
+                || accounts.apply_noting(&updates.account_nodes, note),
+                apply_storages,
+            )
         } else {
-            accounts.apply(&updates.account_nodes);
-            apply_storages();
+            (
+                accounts.apply_noting(&updates.account_nodes, note),
+                apply_storages(),
+            )
+        };
+        Replaced {
+            accounts,
+            storages,
+            wiped,
         }
-        Ok(())
     }
 }
 
@@ -1068,7 +1163,8 @@ mod tests {
     #[test]
     fn groups_grow_past_inline_and_shrink_back() {
         // Children of one path written and deleted in an order that moves the group to the
-        // heap and back several times; every read agrees with a plain map.
+        // heap and back several times; every read agrees with a plain map, and so does what
+        // each batch replaced.
         let parent = Nibbles::from_nibbles([2, 7]);
         let child = |n: u8| Nibbles::from_nibbles([2, 7, n]);
         let mut store = MemNodeStore::new();
@@ -1077,18 +1173,28 @@ mod tests {
         let mut state = 1u32;
         for round in 0..6u8 {
             let mut u = StateTrieUpdates::default();
+            let mut before = Vec::new();
             for (i, &n) in order.iter().enumerate() {
                 state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                 let keep = !(state >> 16).is_multiple_of(4) || round.is_multiple_of(2);
                 if keep && i.is_multiple_of(usize::from(round + 1)) {
                     let node = leaf(round.wrapping_mul(16).wrapping_add(n));
                     u.account_nodes.push_write(child(n), node.clone());
-                    model.insert(n, node);
-                } else if model.remove(&n).is_some() {
+                    before.push((n, model.insert(n, node)));
+                } else if let Some(old) = model.remove(&n) {
                     u.account_nodes.push_delete(child(n));
+                    before.push((n, Some(old)));
                 }
             }
-            store.apply(&u).unwrap();
+            let replaced = store
+                .apply_replacing(&u)
+                .unwrap()
+                .expect("a memory store takes out what it replaces");
+            let mut taken: Vec<_> = replaced.accounts;
+            taken.sort_by_key(|(path, _)| *path);
+            before.sort_by_key(|(n, _)| *n);
+            let before: Vec<_> = before.into_iter().map(|(n, old)| (child(n), old)).collect();
+            assert_eq!(taken, before, "round {round}");
             let mask = TrieMask::new(model.keys().fold(0u16, |m, n| m | (1 << n)));
             let nodes = store
                 .get_child_nodes(TrieId::Account, &parent, TrieMask::new(u16::MAX))

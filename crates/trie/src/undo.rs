@@ -6,7 +6,10 @@
 use crate::{
     StateRootOutput, StateTrie, TrieError,
     node::Node,
-    store::{NodeStore, NodeUpdates, StateTrieUpdates, StorageNodeUpdates, TrieId},
+    store::{
+        NodeStore, NodeUpdates, Replaced, ReplacedNodes, StateTrieUpdates, StorageNodeUpdates,
+        TrieId,
+    },
 };
 use alloy_trie::Nibbles;
 use rayon::prelude::*;
@@ -25,6 +28,18 @@ fn undo_nodes<S: NodeStore + ?Sized>(
         }
     }
     Ok(undo)
+}
+
+/// The batch that puts back what `replaced` notes each path held.
+fn nodes_back(replaced: ReplacedNodes) -> NodeUpdates {
+    let mut undo = NodeUpdates::default();
+    for (path, old) in replaced {
+        match old {
+            Some(old) => undo.push_write(path, old),
+            None => undo.push_delete(path),
+        }
+    }
+    undo
 }
 
 /// Every node of `trie` as writes, walked from its root.
@@ -125,17 +140,58 @@ impl<S: NodeStore> StateTrie<S> {
             stats: Default::default(),
         })
     }
+
+    /// [`StateTrie::commit`] of `output`, returning its [`StateTrie::undo_of`]: from the nodes
+    /// the store takes out as it writes, where it can ([`NodeStore::apply_replacing`]),
+    /// instead of reading them all first.
+    pub fn commit_with_undo(
+        &mut self,
+        output: &StateRootOutput,
+    ) -> Result<StateRootOutput, TrieError> {
+        let root = self.root();
+        let Some(replaced) = self.commit_replacing(output)? else {
+            let undo = self.undo_of(output)?;
+            self.commit(output)?;
+            return Ok(undo);
+        };
+        let Replaced {
+            accounts,
+            mut storages,
+            wiped,
+        } = replaced;
+        let mut undo = StateTrieUpdates {
+            account_nodes: nodes_back(accounts),
+            ..Default::default()
+        };
+        for (owner, storage) in &output.updates.storage_tries {
+            let nodes = if storage.wiped {
+                all_nodes(&wiped, TrieId::Storage(*owner))?
+            } else {
+                nodes_back(storages.remove(owner).unwrap_or_default())
+            };
+            let wiped = storage.wiped;
+            undo.storage_tries
+                .insert(*owner, StorageNodeUpdates { wiped, nodes });
+        }
+        Ok(StateRootOutput {
+            root,
+            updates: undo,
+            stats: Default::default(),
+        })
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::{
         StateTrie,
         state_trie::tests::{apply_block, op, trie},
         store::TrieId,
     };
+    use alloy_primitives::B256;
     use overdrive_primitives::MemState;
     use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn snapshot(trie: &StateTrie) -> Vec<(TrieId, Vec<(alloy_trie::Nibbles, crate::StoredNode)>)> {
         let store = trie.store();
@@ -153,10 +209,39 @@ mod tests {
         tries
     }
 
+    /// The node a batch leaves at each path it changes (`None`: deleted).
+    pub(crate) type PathOutcomes =
+        BTreeMap<(TrieId, alloy_trie::Nibbles), Option<crate::StoredNode>>;
+
+    /// What a batch leaves at each path it changes (a write's node, or none for a delete) and
+    /// the storage tries it wipes: the same for two batches that make the same changes in any
+    /// order (each path changed once).
+    pub(crate) fn outcome(updates: &crate::StateTrieUpdates) -> (PathOutcomes, BTreeSet<B256>) {
+        let mut paths = PathOutcomes::new();
+        let mut add = |trie, nodes: &crate::NodeUpdates| {
+            for path in nodes.deletes() {
+                paths.insert((trie, *path), None);
+            }
+            for (path, node) in nodes.writes() {
+                paths.insert((trie, *path), Some(node.clone()));
+            }
+        };
+        add(TrieId::Account, &updates.account_nodes);
+        let mut wiped = BTreeSet::new();
+        for (owner, storage) in &updates.storage_tries {
+            add(TrieId::Storage(*owner), &storage.nodes);
+            if storage.wiped {
+                wiped.insert(*owner);
+            }
+        }
+        (paths, wiped)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: crate::proptest_cases(32), ..ProptestConfig::default() })]
 
-        /// Blocks committed one after the other, then undone newest first: after each undo the
+        /// Blocks committed one after the other (each with the undo batch the store takes out as
+        /// it writes, equal to the one read before), then undone newest first: after each undo the
         /// root and every node are those of the block before (wipes and re-created accounts
         /// included), and the trie goes on from there as if the undone blocks never came.
         #[test]
@@ -171,8 +256,15 @@ mod tests {
             for ops in &blocks {
                 let diff = apply_block(&mut model, ops);
                 let output = trie.compute(&diff).unwrap();
-                undos.push(trie.undo_of(&output).unwrap());
-                trie.commit(&output).unwrap();
+                // The nodes the store takes out as it writes are the ones read before.
+                let read = trie.undo_of(&output).unwrap();
+                let taken = trie.commit_with_undo(&output).unwrap();
+                prop_assert_eq!(taken.root, read.root);
+                prop_assert_eq!(outcome(&taken.updates), outcome(&read.updates));
+                // Each path once: the order of a batch's changes does not matter.
+                let changes = output.updates.writes() + output.updates.deletes();
+                prop_assert_eq!(outcome(&output.updates).0.len(), changes);
+                undos.push(taken);
                 history.push((trie.root(), snapshot(&trie)));
                 diffs.push(diff);
             }

@@ -305,7 +305,7 @@ fn stock_and_overdrive(
             threads,
             // The trie's own split of each root (hashing, rows) and its dirty nodes.
             "--log.stdout.filter",
-            "info,overdrive::state_root=debug",
+            "info,overdrive::state_root=debug,overdrive::trie=debug",
         ],
     };
     if pool {
