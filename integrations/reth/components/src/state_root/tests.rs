@@ -392,15 +392,7 @@ fn a_blocks_updates_are_read_back_before_its_root() {
     if let Some(tip) = shared.tip().as_ref() {
         tip.trie.trie().store().take_reads();
     }
-    let (prefetcher, receiver) = Prefetcher::new();
-    let (sink, _block) = prefetcher.sink(TIP);
-    let a = Address::with_last_byte(3);
-    let update: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
-        .into_iter()
-        .collect();
-    sink.on_state_update(update.clone());
-    drop((sink, prefetcher));
-    prefetch::serve(&shared, &receiver);
+    let (update, _) = stream_update_of_3(&shared);
 
     let mut guard = shared.tip();
     let tip = guard.as_mut().unwrap();
@@ -414,6 +406,21 @@ fn a_blocks_updates_are_read_back_before_its_root() {
         overdrive_trie::SourceReads::default()
     );
     assert_eq!(output.root, trie_of(&state_after_update_of_3()).root());
+}
+
+/// Streams the update of account 3 (nonce 4, balance 900, slot 1 set to 9) to a block on
+/// `TIP`, and serves the prefetch of it on `shared`'s trie; the update and the block.
+fn stream_update_of_3(shared: &Shared) -> (revm::state::EvmState, Arc<prefetch::BlockPrefetch>) {
+    let (prefetcher, receiver) = Prefetcher::new();
+    let (sink, block) = prefetcher.sink(TIP);
+    let a = Address::with_last_byte(3);
+    let update: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
+        .into_iter()
+        .collect();
+    sink.on_state_update(update.clone());
+    drop((sink, prefetcher));
+    prefetch::serve(shared, &receiver);
+    (update, block)
 }
 
 /// The genesis state after the update of account 3 the prefetch tests stream: nonce 4, balance
@@ -443,15 +450,7 @@ fn a_whole_trie_prefetches_without_reading() {
         trie: CompactTrie::new(trie),
         ..tip_at(TIP)
     });
-    let (prefetcher, receiver) = Prefetcher::new();
-    let (sink, block) = prefetcher.sink(TIP);
-    let a = Address::with_last_byte(3);
-    let update: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
-        .into_iter()
-        .collect();
-    sink.on_state_update(update.clone());
-    drop((sink, prefetcher));
-    prefetch::serve(&shared, &receiver);
+    let (update, block) = stream_update_of_3(&shared);
     assert!(!block.stopped(), "the prefetch failed");
 
     let mut guard = shared.tip();
