@@ -267,7 +267,8 @@ impl<S: NodeStore> CompactTrie<S> {
             };
             storages_before.insert(*owner, before);
         }
-        self.commit_rows(output, accounts_before, storages_before)
+        self.trie.commit(output)?;
+        self.rows_of_committed(output, accounts_before, storages_before)
     }
 
     /// [`CompactTrie::commit`] of a batch that only adds nodes where the trie has none (a
@@ -276,7 +277,8 @@ impl<S: NodeStore> CompactTrie<S> {
     /// have one while their children are at hand (a store that keeps only the top levels drops
     /// them at its next eviction).
     pub fn commit_new(&mut self, output: &StateRootOutput) -> Result<CompactUpdates, TrieError> {
-        self.commit_rows(output, HashSet::default(), B256Map::default())
+        self.trie.commit(output)?;
+        self.rows_of_committed(output, HashSet::default(), B256Map::default())
     }
 
     /// [`CompactTrie::commit`], also returning the batch that takes it back
@@ -313,16 +315,6 @@ impl<S: NodeStore> CompactTrie<S> {
             "Batch committed with its undo batch"
         );
         Ok((rows, undo))
-    }
-
-    fn commit_rows(
-        &mut self,
-        output: &StateRootOutput,
-        accounts_before: HashSet<Nibbles>,
-        storages_before: B256Map<HashSet<Nibbles>>,
-    ) -> Result<CompactUpdates, TrieError> {
-        self.trie.commit(output)?;
-        self.rows_of_committed(output, accounts_before, storages_before)
     }
 
     /// The rows of `output`, committed just now; `*_before` are the paths that held a branch

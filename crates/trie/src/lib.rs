@@ -47,7 +47,8 @@ pub use raw::RawTrie;
 pub use state::{HashedAccount, HashedStateChanges, HashedStorageChanges};
 pub use state_trie::{StateRootOutput, StateTrie, TrieConfig, TrieStats};
 pub use store::{
-    ChildNodes, MemNodeStore, NodeStore, NodeUpdates, StateTrieUpdates, StorageNodeUpdates, TrieId,
+    ChildNodes, MemNodeStore, NodeStore, NodeUpdates, Replaced, StateTrieUpdates,
+    StorageNodeUpdates, TrieId,
 };
 
 /// Types from alloy-trie that appear in this crate's API.
