@@ -9,7 +9,8 @@
 //!   writes and deletes to persist ([`StateTrieUpdates`]), or, committed through a
 //!   [`CompactTrie`], the rows of a database that keeps branch nodes in alloy-trie's compact
 //!   form (reth's trie tables: [`CompactUpdates`]); [`StateTrie::undo_of`]
-//!   gives the batch that takes a committed block back.
+//!   gives the batch that takes a committed block back, and [`Rounds`] commit a block's
+//!   changes while it executes, a round at a time, leaving only the rest to hash at its end.
 //!   Every stored node carries its own reference (its hash), so a branch is re-encoded from
 //!   its children's stored references and only the nodes on changed paths are rewritten.
 //!   Changed nodes are hashed in batches, height by height, eight per pass where the CPU has
@@ -33,6 +34,7 @@ mod metrics;
 mod node;
 mod raw;
 pub mod reference;
+mod rounds;
 mod state;
 mod state_trie;
 mod store;
@@ -44,6 +46,7 @@ pub use error::TrieError;
 pub use metrics::describe_metrics;
 pub use node::{Node, NodeDecodeError, StoredNode, Value};
 pub use raw::RawTrie;
+pub use rounds::Rounds;
 pub use state::{HashedAccount, HashedStateChanges, HashedStorageChanges};
 pub use state_trie::{StateRootOutput, StateTrie, TrieConfig, TrieStats};
 pub use store::{

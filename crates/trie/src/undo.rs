@@ -193,7 +193,9 @@ pub(crate) mod tests {
     use proptest::prelude::*;
     use std::collections::{BTreeMap, BTreeSet};
 
-    fn snapshot(trie: &StateTrie) -> Vec<(TrieId, Vec<(alloy_trie::Nibbles, crate::StoredNode)>)> {
+    pub(crate) fn snapshot(
+        trie: &StateTrie,
+    ) -> Vec<(TrieId, Vec<(alloy_trie::Nibbles, crate::StoredNode)>)> {
         let store = trie.store();
         let mut tries = vec![(
             TrieId::Account,

@@ -115,6 +115,13 @@ pub struct OverdriveArgs {
     )]
     pub trie_prefetch: Prefetch,
 
+    /// Hash each block's state updates in rounds while the block executes, so that only what
+    /// changed since the last round is hashed after it (the whole trie only; it takes the
+    /// engine's stream of updates whatever `--overdrive.trie.prefetch` says, and does the
+    /// prefetch's work itself).
+    #[arg(long = "overdrive.trie.hash-ahead", conflicts_with = "trie_cache_mb")]
+    pub trie_hash_ahead: bool,
+
     /// Run reth's sparse-trie state-root task on machines with fewer than five cores too
     /// (there reth computes the root on one thread after execution): the engine then streams
     /// each transaction's state updates to whichever state root is on.
@@ -146,6 +153,7 @@ impl Default for OverdriveArgs {
             trie_threads: None,
             trie_cache_mb: None,
             trie_prefetch: Prefetch::default(),
+            trie_hash_ahead: false,
             state_root_task: false,
         }
     }
@@ -157,6 +165,7 @@ const SWITCHES: &[&str] = &[
     "--overdrive.merkle-stage",
     "--overdrive.merkle-stage.no-fallback",
     "--overdrive.engine.state-root-task",
+    "--overdrive.trie.hash-ahead",
 ];
 
 impl OverdriveArgs {
@@ -210,15 +219,19 @@ impl OverdriveArgs {
         } else {
             "merkle stage: reth".to_string()
         };
-        let prefetch = self
-            .trie_prefetch
-            .to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default();
+        let prefetch = if self.trie_hash_ahead {
+            "hashing ahead".to_string()
+        } else {
+            let prefetch = self.trie_prefetch.to_possible_value();
+            format!(
+                "prefetch {}",
+                prefetch.as_ref().map_or("", |v| v.get_name())
+            )
+        };
         let root = match self.state_root {
             StateRootMode::Reth => "state root: reth".to_string(),
             StateRootMode::Overdrive => format!(
-                "state root: overdrive parallel ({} threads, {}, prefetch {prefetch})",
+                "state root: overdrive parallel ({} threads, {}, {prefetch})",
                 threads(self.trie_threads),
                 match self.trie_cache_mb {
                     Some(mb) => format!("nodes kept to {mb} MiB"),
@@ -242,6 +255,7 @@ impl OverdriveArgs {
                 threads: self.trie_threads.map_or(defaults.threads, usize::from),
                 cache_mb: self.trie_cache_mb.map(|mb| mb as usize),
                 prefetch: self.trie_prefetch,
+                hash_ahead: self.trie_hash_ahead,
                 ..defaults
             }
         })
@@ -432,6 +446,17 @@ mod tests {
             Some(Prefetch::On)
         );
         assert!(split("overdrive-reth node --overdrive.trie.prefetch sometimes").is_err());
+        let (rest, args) = split(
+            "overdrive-reth node --overdrive.state-root overdrive --overdrive.trie.hash-ahead --dev",
+        )
+        .unwrap();
+        assert_eq!(rest, ["overdrive-reth", "node", "--dev"]);
+        assert!(args.state_root_config().is_some_and(|c| c.hash_ahead));
+        assert!(args.summary().ends_with("whole trie kept, hashing ahead)"));
+        assert!(
+            split("overdrive-reth node --overdrive.trie.hash-ahead --overdrive.trie.cache-mb 64")
+                .is_err()
+        );
         assert!(split("overdrive-reth node --overdrive.trie.cache-mb lots").is_err());
         let (_, args) = split("overdrive-reth node --overdrive.state-root reth").unwrap();
         assert_eq!(args.state_root_config(), None);

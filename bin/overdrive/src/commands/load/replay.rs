@@ -45,6 +45,10 @@ pub struct ReplayArgs {
     /// auto).
     #[arg(long, value_name = "WHEN", value_parser = ["auto", "on", "off"])]
     trie_prefetch: Option<String>,
+    /// With `--component state-root`: overdrive's trie hashes each block's updates in rounds
+    /// while the block executes (`--overdrive.trie.hash-ahead`; the whole trie only).
+    #[arg(long, conflicts_with = "trie_cache_mb")]
+    trie_hash_ahead: bool,
     /// Both nodes run reth's sparse-trie state-root task whatever the machine's core count
     /// (`--overdrive.engine.state-root-task`): below five cores, where reth otherwise computes
     /// the root after execution on one thread, to compare against its task.
@@ -126,6 +130,12 @@ pub fn run(args: ReplayArgs) -> eyre::Result<()> {
         runs[1]
             .1
             .extend(["--overdrive.trie.prefetch", when.as_str()]);
+    }
+    if args.trie_hash_ahead {
+        if args.component != Component::StateRoot {
+            bail!("--trie-hash-ahead is a setting of --component state-root");
+        }
+        runs[1].1.push("--overdrive.trie.hash-ahead");
     }
     if args.state_root_task {
         for (_, flags) in &mut runs {

@@ -170,6 +170,43 @@ fn every_workload_builds_and_validates_with_overdrives_roots() {
     }
 }
 
+/// With `--overdrive.trie.hash-ahead` the engine's stream of each block's transactions is
+/// hashed in rounds while the block executes: blocks of every kind of transaction take their
+/// roots from the rounds and the rest, and the trie tables equal reth's rebuild.
+#[test]
+fn blocks_hashed_ahead_write_reths_rows() {
+    let workload = overdrive_workload::generate(&WorkloadConfig {
+        accounts: 300,
+        txs_per_block: 120,
+        blocks: 6,
+        pairs: 4,
+        ..WorkloadConfig::new(WorkloadKind::Hybrid)
+    })
+    .unwrap();
+    let (dir, genesis) = write_genesis(&workload, "state-root-ahead");
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let flags = [&OVERDRIVE_ROOT[..], &["--overdrive.trie.hash-ahead"]].concat();
+    let node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
+    // A block at a time, so that every workload block is one the engine validates.
+    for block in workload.blocks.chunks(1) {
+        support::send_raw(http, &support::raw_transactions(block), true);
+        wait_mined(http, last_transaction(block));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let ours = assert_roots_from_overdrive(metrics, dir.path());
+    let page = support::http(metrics, "/", None).unwrap();
+    let rounds = support::counter(&page, "overdrive_state_root_rounds_total", "");
+    let ahead = support::counter(&page, "overdrive_state_root_blocks_hashed_ahead_total", "");
+    assert!(
+        rounds >= 1.0 && ahead >= 1.0,
+        "no root hashed ahead:\n{page}"
+    );
+    let (head, rows) = stop_and_compare_rows(node, &genesis, dir.path());
+    println!(
+        "head {head}; {ours} roots from overdrive's trie, {ahead} of them from {rounds} rounds hashed ahead; {rows}"
+    );
+}
+
 /// A token with a million storage slots (one balance per account, from genesis) under the
 /// engine: the trie is built from a million-slot storage table at launch, and the blocks that
 /// move balances write the token's storage trie rows reth's merkle stage writes.

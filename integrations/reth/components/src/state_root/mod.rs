@@ -6,7 +6,10 @@
 //! state tables (with the blocks not yet persisted on top) when a block changes them
 //! (`leaves`, [`BoundedNodeStore`]). With `--overdrive.trie.prefetch` the engine's stream of
 //! each block's state updates is taken while the block executes, to start those reads, or for
-//! a whole trie to bring the nodes the root will read into the cache (`prefetch`). At launch
+//! a whole trie to bring the nodes the root will read into the cache (`prefetch`); with
+//! `--overdrive.trie.hash-ahead` a whole trie commits the updates in rounds as they come
+//! ([`Rounds`]), and the block's root hashes only what changed since the last round, or, when
+//! the rounds changed what the block does not, takes them back and hashes the block whole. At launch
 //! it is built from reth's hashed state tables and its root checked against the database
 //! head's header; after that it follows the
 //! blocks the engine validates: a block whose parent is the trie's block, or one of the last
@@ -32,7 +35,8 @@ use alloy_primitives::{B256, KECCAK256_EMPTY as KECCAK_EMPTY, U256};
 use alloy_rpc_types_engine::ExecutionData;
 use overdrive_trie::{
     BoundedNodeStore, CompactNodes, CompactTrie, CompactUpdates, HashedAccount, HashedStateChanges,
-    HashedStorageChanges, LeafSource, Nibbles, StateRootOutput, StateTrie, TrieConfig, TrieError,
+    HashedStorageChanges, LeafSource, Nibbles, Rounds, StateRootOutput, StateTrie, TrieConfig,
+    TrieError,
 };
 use reth_db_api::{cursor::DbCursorRO, tables, transaction::DbTx};
 use reth_engine_tree::tree::{
@@ -101,6 +105,9 @@ pub struct StateRootConfig {
     /// Whether the trie takes what a block's root needs while the block executes
     /// (`prefetch`).
     pub prefetch: Prefetch,
+    /// Whether a whole trie hashes each block's updates in rounds while the block executes
+    /// (`prefetch`), leaving only the rest for its root.
+    pub hash_ahead: bool,
 }
 
 impl Default for StateRootConfig {
@@ -110,6 +117,7 @@ impl Default for StateRootConfig {
             blocks_kept: 16,
             cache_mb: None,
             prefetch: Prefetch::default(),
+            hash_ahead: false,
         }
     }
 }
@@ -145,15 +153,19 @@ struct Tip {
     /// The block whose state the trie holds.
     block: B256,
     trie: Trie,
-    /// The last blocks committed, newest last: each block, its parent, and the batch that takes
-    /// the trie from the block back to the parent.
-    undo: VecDeque<(B256, B256, StateRootOutput)>,
+    /// The last blocks committed, newest last: each block, its parent, and the batches that
+    /// take the trie from the block back to the parent (applied last to first).
+    undo: VecDeque<(B256, B256, Vec<StateRootOutput>)>,
     limit: usize,
     /// Where the levels the trie does not keep are read back from.
     leaves: Option<LeavesAt>,
     /// The block whose leaves the trie reads now (set before a block's reads, which may begin
     /// while the block executes, and cleared when the trie drops what it read).
     reads_at: Option<B256>,
+    /// The rounds of a block executing on `block`, hashed ahead of its root
+    /// (`--overdrive.trie.hash-ahead`): the trie holds them on top of `block` until the block's
+    /// root takes them, or anything else takes them back.
+    ahead: Option<(Arc<BlockPrefetch>, Rounds)>,
 }
 
 impl std::fmt::Debug for Tip {
@@ -163,6 +175,7 @@ impl std::fmt::Debug for Tip {
             .field("root", &self.trie.trie().root())
             .field("depth", &self.trie.trie().store().depth())
             .field("undo", &self.undo.len())
+            .field("rounds_ahead", &self.ahead.as_ref().map(|(_, r)| r.len()))
             .finish_non_exhaustive()
     }
 }
@@ -173,8 +186,18 @@ impl Tip {
         self.block == block || self.undo.iter().any(|(_, parent, _)| *parent == block)
     }
 
+    /// Takes back the rounds hashed ahead for a block that has not ended: the trie is at its
+    /// block again.
+    fn take_back_ahead(&mut self) -> Result<(), TrieError> {
+        if let Some((_, rounds)) = self.ahead.take() {
+            self.trie.take_back_rounds(rounds)?;
+        }
+        Ok(())
+    }
+
     /// Steps the trie back to `block`; false when no kept batch leads there.
     fn rewind_to(&mut self, block: B256) -> Result<bool, TrieError> {
+        self.take_back_ahead()?;
         if !self.reaches(block) {
             return Ok(false);
         }
@@ -184,7 +207,9 @@ impl Tip {
             };
             // The rows of going back are not reth's to write: reth keeps each block's rows
             // with that block, and the next block's rows are taken against the parent.
-            self.trie.commit_without_rows(&undo)?;
+            for batch in undo.iter().rev() {
+                self.trie.commit_without_rows(batch)?;
+            }
             self.trie.evict();
             self.reads_at = None;
             self.block = parent;
@@ -208,6 +233,7 @@ impl Tip {
 
     /// `changes`' root and node changes over the trie's block.
     fn compute(&mut self, changes: &HashedStateChanges) -> Result<StateRootOutput, TrieError> {
+        self.take_back_ahead()?;
         self.read_at_block()?;
         self.trie.trie().compute(changes)
     }
@@ -235,12 +261,80 @@ impl Tip {
         self.settle();
         let evicted = started.elapsed();
         let (rows, undo) = committed?;
+        self.push(block, vec![undo]);
+        Ok((rows, evicted))
+    }
+
+    /// Makes `block` the trie's, with the batches that take it back to the trie's block.
+    fn push(&mut self, block: B256, undo: Vec<StateRootOutput>) {
         self.undo.push_back((block, self.block, undo));
         if self.undo.len() > self.limit {
             self.undo.pop_front();
         }
         self.block = block;
-        Ok((rows, evicted))
+    }
+
+    /// Commits `changes`, the next round of the block `of` executing on the trie's block
+    /// (rounds of any other block are taken back first). False, with nothing committed, when
+    /// the trie is not at the block's parent, or when the block's root began while the round
+    /// was hashed: the root then hashes the round's changes with the rest, sooner than the
+    /// round would commit them.
+    fn commit_round(
+        &mut self,
+        of: &Arc<BlockPrefetch>,
+        changes: HashedStateChanges,
+    ) -> Result<bool, TrieError> {
+        if !self.ahead.as_ref().is_some_and(|(b, _)| Arc::ptr_eq(b, of)) {
+            self.take_back_ahead()?;
+        }
+        if self.block != of.parent() {
+            return Ok(false);
+        }
+        let output = self.trie.trie().compute(&changes)?;
+        if of.stopped() {
+            return Ok(false);
+        }
+        let (_, rounds) = self
+            .ahead
+            .get_or_insert_with(|| (of.clone(), Rounds::default()));
+        self.trie.commit_round(rounds, changes, &output)?;
+        Ok(true)
+    }
+
+    /// `block`'s root from the rounds hashed ahead of it (`of`'s) and the rest of `changes`,
+    /// the block's whole changes, committed when it is `expected`. `None`, with the rounds
+    /// taken back, when there are none, when they changed what the block does not, or when the
+    /// root is not `expected` (the caller then computes the block whole, as without rounds).
+    fn finish_ahead(
+        &mut self,
+        of: &Arc<BlockPrefetch>,
+        block: B256,
+        changes: &HashedStateChanges,
+        expected: B256,
+    ) -> Result<Option<(B256, CompactUpdates, AheadStats)>, TrieError> {
+        let ours = self.ahead.take_if(|(b, _)| Arc::ptr_eq(b, of));
+        let Some((_, rounds)) = ours else {
+            return Ok(None);
+        };
+        let Some(rest) = rounds.rest_of(changes) else {
+            debug!(target: TARGET, %block, "The rounds hashed ahead changed what the block does not: the block is hashed whole");
+            self.trie.take_back_rounds(rounds)?;
+            return Ok(None);
+        };
+        let output = self.trie.trie().compute(&rest)?;
+        if output.root != expected {
+            self.trie.take_back_rounds(rounds)?;
+            return Ok(None);
+        }
+        let stats = AheadStats {
+            rounds: rounds.len(),
+            ahead_nodes: rounds.dirty_nodes(),
+            rest_nodes: output.stats.dirty_nodes,
+        };
+        let (rows, undo) = self.trie.commit_with_undo(&output)?;
+        let (rows, undo) = rounds.finish(rows, undo);
+        self.push(block, undo);
+        Ok(Some((output.root, rows, stats)))
     }
 
     /// The rows `output` would write over the trie's block, leaving the trie where it is (it is
@@ -252,6 +346,16 @@ impl Tip {
         taken_back?;
         Ok(rows)
     }
+}
+
+/// How much of a block's hashing its rounds did ahead of its root.
+#[derive(Debug, Clone, Copy)]
+struct AheadStats {
+    rounds: usize,
+    /// Nodes the rounds hashed.
+    ahead_nodes: u64,
+    /// Nodes hashed after the block ended.
+    rest_nodes: u64,
 }
 
 /// Builds overdrive's trie of the database's head.
@@ -315,8 +419,8 @@ impl Shared {
 pub struct OverdriveStateRoot {
     default: DefaultStateRootStrategy,
     shared: Arc<Shared>,
-    /// Reads back what a block's root will need while the block executes; only for a trie
-    /// that keeps its top levels alone.
+    /// Takes what a block's root will need while the block executes, or hashes its updates
+    /// ahead.
     prefetcher: Option<Prefetcher>,
 }
 
@@ -343,9 +447,9 @@ impl OverdriveStateRoot {
             tip,
             Box::new(move || build_tip(&factory, config, leaves.clone())),
         ));
-        let prefetcher = (config.prefetch != Prefetch::Off)
+        let prefetcher = (config.prefetch != Prefetch::Off || config.hash_ahead)
             .then(|| {
-                Prefetcher::spawn(shared.clone())
+                Prefetcher::spawn(shared.clone(), config.hash_ahead)
                     .inspect_err(|error| {
                         warn!(target: TARGET, %error, "Could not start the prefetch thread: each root reads what it needs itself");
                     })
@@ -440,6 +544,7 @@ where
         limit: config.blocks_kept,
         leaves,
         reads_at: None,
+        ahead: None,
     })
 }
 
@@ -722,12 +827,30 @@ where
         let shared = self.shared.clone();
         let mut guard = shared.tip();
         let ours = match guard.as_mut() {
-            Some(tip) => tip.rewind_to(self.parent).and_then(|reached| {
-                if !reached {
-                    return Ok(None);
-                }
+            Some(tip) => (|| -> Result<Option<Result<_, B256>>, TrieError> {
                 let changes = changes(state);
                 let prepared = started.elapsed();
+                if let Some(prefetch) = &self.prefetch
+                    && let Some((root, rows, ahead)) =
+                        tip.finish_ahead(prefetch, block.hash(), &changes, expected)?
+                {
+                    debug!(
+                        target: TARGET,
+                        block = %block.hash(),
+                        rounds = ahead.rounds,
+                        ahead_nodes = ahead.ahead_nodes,
+                        rest_nodes = ahead.rest_nodes,
+                        prepare = ?prepared,
+                        rest = ?started.elapsed().saturating_sub(prepared),
+                        "overdrive's state root, hashed ahead"
+                    );
+                    metrics::counter!("overdrive_state_root_blocks_hashed_ahead_total")
+                        .increment(1);
+                    return Ok(Some(Ok((root, rows))));
+                }
+                if !tip.rewind_to(self.parent)? {
+                    return Ok(None);
+                }
                 let output = tip.compute(&changes)?;
                 if output.root != expected {
                     return Ok(Some(Err(output.root)));
@@ -748,7 +871,7 @@ where
                     "overdrive's state root"
                 );
                 Ok(Some(Ok((output.root, rows))))
-            }),
+            })(),
             // Failed since `prepare`, or not built yet.
             None => Ok(None),
         };
@@ -819,6 +942,14 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         "overdrive_state_root_leaves_read_total",
         "Leaves (accounts and slots) read from the hashed state to rebuild those subtrees"
+    );
+    metrics::describe_counter!(
+        "overdrive_state_root_rounds_total",
+        "Rounds of executing blocks' state updates overdrive's trie hashed ahead of their roots (--overdrive.trie.hash-ahead)"
+    );
+    metrics::describe_counter!(
+        "overdrive_state_root_blocks_hashed_ahead_total",
+        "Blocks whose root overdrive's trie took from rounds hashed while they executed and the rest after (--overdrive.trie.hash-ahead)"
     );
     metrics::describe_counter!(
         "overdrive_state_root_prefetched_keys_total",

@@ -9,15 +9,23 @@
 //! same state (the parent's): what the prefetch misses, the root reads itself. A whole trie
 //! reads nothing back; the walk brings the nodes the root will hash into the cache.
 //!
+//!
+//! With `--overdrive.trie.hash-ahead` the thread does more with a whole trie: it folds the
+//! updates that queued while it was busy and commits them as the next round of the block's
+//! changes ([`Rounds`]), so that the root is left with what changed since the last round.
+//!
 //! [`BoundedNodeStore::prefetch`]: overdrive_trie::BoundedNodeStore::prefetch
+//! [`Rounds`]: overdrive_trie::Rounds
 
-use super::{Shared, TARGET};
+use super::{Shared, TARGET, changes};
 use alloy_primitives::{
     Address, B256, U256, keccak256,
     map::{B256Map, HashSet},
 };
-use overdrive_trie::TrieId;
-use reth_engine_tree::tree::state_root_strategy::{StateAccessHint, StateRootSink};
+use overdrive_trie::{HashedStateChanges, TrieId};
+use reth_engine_tree::tree::state_root_strategy::{
+    StateAccessHint, StateRootSink, evm_state_to_hashed_post_state,
+};
 use reth_trie::HashedPostState;
 use revm::state::EvmState;
 use std::sync::{
@@ -44,6 +52,11 @@ impl BlockPrefetch {
 
     pub(super) fn stopped(&self) -> bool {
         self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// The block the executing block builds on.
+    pub(super) fn parent(&self) -> B256 {
+        self.parent
     }
 }
 
@@ -84,34 +97,51 @@ impl Keys {
     }
 }
 
+/// What a sink sends: the keys of an update to prefetch, or the update itself to hash ahead.
+enum Update {
+    Keys(Keys),
+    /// A transaction's state, hashed on the thread.
+    State(EvmState),
+    Hashed(HashedPostState),
+}
+
 struct Batch {
     block: Arc<BlockPrefetch>,
-    keys: Keys,
+    update: Update,
 }
 
 /// Where a [`Prefetcher`]'s batches arrive.
 pub(super) struct Receiver(mpsc::Receiver<Batch>);
 
-/// The strategy's prefetch thread, which serves the blocks' sinks one batch of keys at a time.
+/// The strategy's prefetch thread, which serves the blocks' sinks one batch of keys at a time,
+/// or hashes their updates ahead.
 #[derive(Debug)]
 pub(super) struct Prefetcher {
     sender: mpsc::Sender<Batch>,
+    hash_ahead: bool,
 }
 
 impl Prefetcher {
     /// Starts the thread; it ends when the prefetcher and all its sinks are dropped.
-    pub(super) fn spawn(shared: Arc<Shared>) -> std::io::Result<Self> {
-        let (prefetcher, receiver) = Self::new();
+    pub(super) fn spawn(shared: Arc<Shared>, hash_ahead: bool) -> std::io::Result<Self> {
+        let (prefetcher, receiver) = Self::new(hash_ahead);
         std::thread::Builder::new()
             .name("overdrive-prefetch".to_string())
-            .spawn(move || serve(&shared, &receiver))?;
+            .spawn(move || {
+                if hash_ahead {
+                    hash_ahead_of_roots(&shared, &receiver);
+                } else {
+                    serve(&shared, &receiver);
+                }
+            })?;
         Ok(prefetcher)
     }
 
-    /// A prefetcher and the receiving end of its batches, for [`serve`].
-    pub(super) fn new() -> (Self, Receiver) {
+    /// A prefetcher and the receiving end of its batches, for [`serve`] or, to hash ahead,
+    /// [`hash_ahead_of_roots`].
+    pub(super) fn new(hash_ahead: bool) -> (Self, Receiver) {
         let (sender, receiver) = mpsc::channel();
-        (Self { sender }, Receiver(receiver))
+        (Self { sender, hash_ahead }, Receiver(receiver))
     }
 
     /// A sink for the updates of a block on `parent`, and the handle its root stops it with.
@@ -123,6 +153,7 @@ impl Prefetcher {
         let sink = PrefetchSink {
             block: block.clone(),
             sender: self.sender.clone(),
+            hash_ahead: self.hash_ahead,
         };
         (sink, block)
     }
@@ -132,15 +163,17 @@ impl Prefetcher {
 pub(super) struct PrefetchSink {
     block: Arc<BlockPrefetch>,
     sender: mpsc::Sender<Batch>,
+    /// Whether the updates go whole, to hash ahead, or as their keys, to prefetch.
+    hash_ahead: bool,
 }
 
 impl PrefetchSink {
-    fn send(&self, keys: Keys) {
+    fn send(&self, update: Update) {
         if !self.block.stopped() {
             // The thread is gone only when the strategy is: nothing is left to prefetch for.
             let _ = self.sender.send(Batch {
                 block: self.block.clone(),
-                keys,
+                update,
             });
         }
     }
@@ -148,10 +181,17 @@ impl PrefetchSink {
 
 impl StateRootSink for PrefetchSink {
     fn on_access_hint(&self, hint: StateAccessHint) {
-        self.send(Keys::Hashed(hint.accounts, hint.storages));
+        // Hashing ahead needs values: a hint of what will be read has none.
+        if !self.hash_ahead {
+            self.send(Update::Keys(Keys::Hashed(hint.accounts, hint.storages)));
+        }
     }
 
     fn on_state_update(&self, state: EvmState) {
+        if self.hash_ahead {
+            self.send(Update::State(state));
+            return;
+        }
         let accounts = state
             .into_iter()
             .filter(|(_, account)| account.is_touched())
@@ -165,16 +205,23 @@ impl StateRootSink for PrefetchSink {
                 (address, slots)
             })
             .collect();
-        self.send(Keys::Plain(accounts));
+        self.send(Update::Keys(Keys::Plain(accounts)));
     }
 
     fn on_hashed_state_update(&self, state: HashedPostState) {
+        if self.hash_ahead {
+            self.send(Update::Hashed(state));
+            return;
+        }
         let storages = state
             .storages
             .into_iter()
             .map(|(address, storage)| (address, storage.storage.into_keys().collect()))
             .collect();
-        self.send(Keys::Hashed(state.accounts.into_keys().collect(), storages));
+        self.send(Update::Keys(Keys::Hashed(
+            state.accounts.into_keys().collect(),
+            storages,
+        )));
     }
 
     fn on_updates_finished(&self) {}
@@ -198,7 +245,10 @@ pub(super) fn serve(shared: &Shared, receiver: &Receiver) {
             serving = Some(batch.block.clone());
             seen.clear();
         }
-        let mut keys = batch.keys.hashed();
+        let Update::Keys(keys) = batch.update else {
+            continue;
+        };
+        let mut keys = keys.hashed();
         keys.retain(|key| seen.insert(*key));
         if keys.is_empty() {
             continue;
@@ -226,5 +276,76 @@ pub(super) fn serve(shared: &Shared, receiver: &Receiver) {
             done += 1;
         }
         metrics::counter!("overdrive_state_root_prefetched_keys_total").increment(done);
+    }
+}
+
+/// The thread hashing ahead: each block's updates folded as they come, and whenever none is
+/// queued, what was folded committed as the block's next round while the trie is at the
+/// block's parent. A failed round drops the trie, as a failed root does.
+pub(super) fn hash_ahead_of_roots(shared: &Shared, receiver: &Receiver) {
+    let mut pending: Option<(Arc<BlockPrefetch>, HashedStateChanges)> = None;
+    loop {
+        // Waits only when nothing is folded; otherwise a round begins once the queue is empty
+        // (or closed: the folded updates are committed first).
+        let next = if pending.is_some() {
+            receiver.0.try_recv().ok()
+        } else {
+            match receiver.0.recv() {
+                Ok(batch) => Some(batch),
+                Err(_) => return,
+            }
+        };
+        let Some(batch) = next else {
+            if let Some((block, changes)) = pending.take() {
+                commit_round(shared, &block, changes);
+            }
+            continue;
+        };
+        if batch.block.stopped() {
+            continue;
+        }
+        let update = match batch.update {
+            Update::State(state) => changes(&evm_state_to_hashed_post_state(state)),
+            Update::Hashed(state) => changes(&state),
+            Update::Keys(_) => continue,
+        };
+        match &mut pending {
+            Some((block, folded)) if Arc::ptr_eq(block, &batch.block) => folded.extend(update),
+            // A newer block: the one folded so far has ended, or will not.
+            _ => pending = Some((batch.block, update)),
+        }
+    }
+}
+
+fn commit_round(shared: &Shared, block: &Arc<BlockPrefetch>, changes: HashedStateChanges) {
+    let mut guard = shared.tip();
+    // A block whose root began takes its rounds as they are.
+    if block.stopped() {
+        return;
+    }
+    let Some(tip) = guard.as_mut() else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let keys = changes.accounts.len()
+        + changes
+            .storages
+            .values()
+            .map(|s| s.slots.len())
+            .sum::<usize>();
+    match tip.commit_round(block, changes) {
+        Ok(true) => {
+            metrics::counter!("overdrive_state_root_rounds_total").increment(1);
+            debug!(target: TARGET, keys, elapsed = ?started.elapsed(), "Hashed a round ahead");
+        }
+        Ok(false) => {}
+        Err(error) => {
+            block.stop();
+            shared.give_up(
+                &mut guard,
+                block.parent,
+                &format!("a round hashed ahead failed: {error}"),
+            );
+        }
     }
 }

@@ -137,6 +137,7 @@ fn tip_at(block: B256) -> Tip {
         limit: 16,
         leaves: Some(Arc::new(|block| Ok(Box::new(StateLeaves(state_of(block)))))),
         reads_at: None,
+        ahead: None,
     }
 }
 
@@ -411,7 +412,7 @@ fn a_blocks_updates_are_read_back_before_its_root() {
 /// Streams the update of account 3 (nonce 4, balance 900, slot 1 set to 9) to a block on
 /// `TIP`, and serves the prefetch of it on `shared`'s trie; the update and the block.
 fn stream_update_of_3(shared: &Shared) -> (revm::state::EvmState, Arc<prefetch::BlockPrefetch>) {
-    let (prefetcher, receiver) = Prefetcher::new();
+    let (prefetcher, receiver) = Prefetcher::new(false);
     let (sink, block) = prefetcher.sink(TIP);
     let a = Address::with_last_byte(3);
     let update: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
@@ -473,7 +474,7 @@ fn a_prefetch_reads_only_for_the_tries_block_before_the_root() {
     };
     for (tip, stopped) in [(TIP, true), (B256::repeat_byte(9), false)] {
         let shared = shared(tip_at(tip));
-        let (prefetcher, receiver) = Prefetcher::new();
+        let (prefetcher, receiver) = Prefetcher::new(false);
         let (sink, block) = prefetcher.sink(TIP);
         sink.on_state_update(update());
         if stopped {
@@ -485,4 +486,117 @@ fn a_prefetch_reads_only_for_the_tries_block_before_the_root() {
         let reads = guard.as_ref().unwrap().trie.trie().store().take_reads();
         assert_eq!(reads, overdrive_trie::SourceReads::default());
     }
+}
+
+/// The genesis trie whole, as block `TIP`'s.
+fn whole_tip() -> Tip {
+    let mut trie =
+        StateTrie::new(BoundedNodeStore::default(), TrieConfig::with_threads(2)).unwrap();
+    trie.apply(&genesis()).unwrap();
+    Tip {
+        leaves: None,
+        trie: CompactTrie::new(trie),
+        ..tip_at(TIP)
+    }
+}
+
+/// Streams `updates` (each a transaction's) of a block on `TIP` to the thread hashing ahead,
+/// which commits them on `shared`'s trie; the block.
+fn hash_ahead(shared: &Shared, updates: &[revm::state::EvmState]) -> Arc<prefetch::BlockPrefetch> {
+    let (prefetcher, receiver) = Prefetcher::new(true);
+    let (sink, block) = prefetcher.sink(TIP);
+    for update in updates {
+        sink.on_state_update(update.clone());
+    }
+    drop((sink, prefetcher));
+    prefetch::hash_ahead_of_roots(shared, &receiver);
+    block
+}
+
+/// A block of two transactions hashed ahead, the first in a round while the block executes:
+/// its root is the block's, its rows are those of the block committed whole, and the trie
+/// steps back to the parent through the rounds' undo batches.
+#[test]
+fn a_block_hashed_ahead_ends_with_the_rows_of_the_block_whole() {
+    let (a, b) = (Address::with_last_byte(3), Address::with_last_byte(7));
+    let first: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
+        .into_iter()
+        .collect();
+    let second: revm::state::EvmState = [
+        (
+            a,
+            touched(info(4, 900), info(4, 800), &[(1, 9, 10), (2, 0, 5)]),
+        ),
+        (b, touched(info(7, 1000), info(8, 1100), &[])),
+    ]
+    .into_iter()
+    .collect();
+    let shared = shared(whole_tip());
+    let block = hash_ahead(&shared, std::slice::from_ref(&first));
+    let mut guard = shared.tip();
+    let tip = guard.as_mut().unwrap();
+    assert_eq!(tip.ahead.as_ref().map(|(_, rounds)| rounds.len()), Some(1));
+    assert_ne!(tip.trie.trie().root(), trie_of(&genesis()).root());
+
+    // The block's changes as reth's bundle gives them at the end.
+    let mut state = evm_state_to_hashed_post_state(first);
+    state.extend(evm_state_to_hashed_post_state(second));
+    let block_changes = changes(&state);
+    let mut after = genesis();
+    after.extend(block_changes.clone());
+    let expected = trie_of(&after).root();
+    let next = B256::repeat_byte(0x44);
+    let (root, rows, ahead) = tip
+        .finish_ahead(&block, next, &block_changes, expected)
+        .unwrap()
+        .expect("the rounds are the block's");
+    assert_eq!((root, ahead.rounds), (expected, 1));
+    assert!(ahead.ahead_nodes > 0 && ahead.rest_nodes > 0);
+    assert_eq!((tip.block, tip.trie.trie().root()), (next, expected));
+
+    let mut whole = whole_tip();
+    let output = whole.compute(&block_changes).unwrap();
+    let (whole_rows, _) = whole.advance(next, &output).unwrap();
+    assert_eq!(rows, whole_rows);
+
+    assert!(tip.rewind_to(TIP).unwrap());
+    assert_eq!(tip.trie.trie().root(), trie_of(&genesis()).root());
+}
+
+/// Rounds that changed what the block does not (a slot the block leaves as the parent had
+/// it) are taken back and the block hashed whole; so are the rounds of a block whose root
+/// has not begun when the trie is used for another (here a payload's root).
+#[test]
+fn rounds_the_block_does_not_take_are_taken_back() {
+    let a = Address::with_last_byte(3);
+    let first: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
+        .into_iter()
+        .collect();
+    let shared = shared(whole_tip());
+    let block = hash_ahead(&shared, std::slice::from_ref(&first));
+    let mut guard = shared.tip();
+    let tip = guard.as_mut().unwrap();
+    let mut put_back = HashedStateChanges::default();
+    put_back
+        .accounts
+        .insert(keccak256(a), Some(hashed(&info(4, 900))));
+    let mut after = genesis();
+    after.extend(put_back.clone());
+    let expected = trie_of(&after).root();
+    let finished = tip.finish_ahead(&block, B256::repeat_byte(0x44), &put_back, expected);
+    assert!(finished.unwrap().is_none());
+    assert!(tip.ahead.is_none());
+    assert_eq!(
+        (tip.block, tip.trie.trie().root()),
+        (TIP, trie_of(&genesis()).root())
+    );
+    drop(guard);
+
+    hash_ahead(&shared, &[first]);
+    let mut guard = shared.tip();
+    let tip = guard.as_mut().unwrap();
+    assert!(tip.ahead.is_some());
+    let output = tip.compute(&put_back).unwrap();
+    assert!(tip.ahead.is_none());
+    assert_eq!(output.root, expected);
 }
