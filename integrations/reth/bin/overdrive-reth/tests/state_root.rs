@@ -107,13 +107,7 @@ fn a_trie_kept_to_its_top_levels_reads_the_rest_from_the_database() {
         ],
     ]
     .concat();
-    let (http, metrics) = (support::free_port(), support::free_port());
-    let node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
-    for block in workload.blocks.chunks(1) {
-        support::send_raw(http, &support::raw_transactions(block), true);
-        wait_mined(http, last_transaction(block));
-    }
-    std::thread::sleep(Duration::from_secs(2));
+    let (node, metrics) = mine_block_by_block(&genesis, dir.path(), &workload.blocks, &flags);
     let ours = assert_roots_from_overdrive(metrics, dir.path());
     let page = support::http(metrics, "/", None).unwrap();
     let subtrees = support::counter(&page, "overdrive_state_root_subtrees_read_total", "");
@@ -184,15 +178,8 @@ fn blocks_hashed_ahead_write_reths_rows() {
     })
     .unwrap();
     let (dir, genesis) = write_genesis(&workload, "state-root-ahead");
-    let (http, metrics) = (support::free_port(), support::free_port());
     let flags = [&OVERDRIVE_ROOT[..], &["--overdrive.trie.hash-ahead"]].concat();
-    let node = support::dev_node(&genesis, dir.path(), http, metrics, &flags);
-    // A block at a time, so that every workload block is one the engine validates.
-    for block in workload.blocks.chunks(1) {
-        support::send_raw(http, &support::raw_transactions(block), true);
-        wait_mined(http, last_transaction(block));
-    }
-    std::thread::sleep(Duration::from_secs(2));
+    let (node, metrics) = mine_block_by_block(&genesis, dir.path(), &workload.blocks, &flags);
     let ours = assert_roots_from_overdrive(metrics, dir.path());
     let page = support::http(metrics, "/", None).unwrap();
     let rounds = support::counter(&page, "overdrive_state_root_rounds_total", "");
@@ -339,6 +326,26 @@ fn mine(
     );
     support::send_raw(http, &support::raw_transactions(blocks), true);
     wait_mined(http, last_transaction(blocks));
+    // The metrics and the log catch up with the last block.
+    std::thread::sleep(Duration::from_secs(2));
+    (node, metrics)
+}
+
+/// Starts a `--dev` node with `flags` on `genesis` and sends it the transactions of `blocks` a
+/// block at a time, each mined before the next is sent, so that the node's blocks follow the
+/// workload's; returns the node and its metrics port.
+fn mine_block_by_block(
+    genesis: &std::path::Path,
+    dir: &std::path::Path,
+    blocks: &[overdrive_primitives::BlockWithSenders],
+    flags: &[&str],
+) -> (support::KillOnDrop, u16) {
+    let (http, metrics) = (support::free_port(), support::free_port());
+    let node = support::dev_node(genesis, dir, http, metrics, flags);
+    for block in blocks.chunks(1) {
+        support::send_raw(http, &support::raw_transactions(block), true);
+        wait_mined(http, last_transaction(block));
+    }
     // The metrics and the log catch up with the last block.
     std::thread::sleep(Duration::from_secs(2));
     (node, metrics)

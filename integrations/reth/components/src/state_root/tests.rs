@@ -414,14 +414,19 @@ fn a_blocks_updates_are_read_back_before_its_root() {
 fn stream_update_of_3(shared: &Shared) -> (revm::state::EvmState, Arc<prefetch::BlockPrefetch>) {
     let (prefetcher, receiver) = Prefetcher::new(false);
     let (sink, block) = prefetcher.sink(TIP);
-    let a = Address::with_last_byte(3);
-    let update: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
-        .into_iter()
-        .collect();
+    let update = update_of_3();
     sink.on_state_update(update.clone());
     drop((sink, prefetcher));
     prefetch::serve(shared, &receiver);
     (update, block)
+}
+
+/// A transaction's update of account 3: nonce 4, balance 900, slot 1 set to 9.
+fn update_of_3() -> revm::state::EvmState {
+    let a = Address::with_last_byte(3);
+    [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
+        .into_iter()
+        .collect()
 }
 
 /// The genesis state after the update of account 3 the prefetch tests stream: nonce 4, balance
@@ -466,17 +471,11 @@ fn a_whole_trie_prefetches_without_reading() {
 /// the block's parent.
 #[test]
 fn a_prefetch_reads_only_for_the_tries_block_before_the_root() {
-    let a = Address::with_last_byte(3);
-    let update = || -> revm::state::EvmState {
-        [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
-            .into_iter()
-            .collect()
-    };
     for (tip, stopped) in [(TIP, true), (B256::repeat_byte(9), false)] {
         let shared = shared(tip_at(tip));
         let (prefetcher, receiver) = Prefetcher::new(false);
         let (sink, block) = prefetcher.sink(TIP);
-        sink.on_state_update(update());
+        sink.on_state_update(update_of_3());
         if stopped {
             block.stop();
         }
@@ -519,9 +518,7 @@ fn hash_ahead(shared: &Shared, updates: &[revm::state::EvmState]) -> Arc<prefetc
 #[test]
 fn a_block_hashed_ahead_ends_with_the_rows_of_the_block_whole() {
     let (a, b) = (Address::with_last_byte(3), Address::with_last_byte(7));
-    let first: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
-        .into_iter()
-        .collect();
+    let first = update_of_3();
     let second: revm::state::EvmState = [
         (
             a,
@@ -569,9 +566,7 @@ fn a_block_hashed_ahead_ends_with_the_rows_of_the_block_whole() {
 #[test]
 fn rounds_the_block_does_not_take_are_taken_back() {
     let a = Address::with_last_byte(3);
-    let first: revm::state::EvmState = [(a, touched(info(3, 1000), info(4, 900), &[(1, 4, 9)]))]
-        .into_iter()
-        .collect();
+    let first = update_of_3();
     let shared = shared(whole_tip());
     let block = hash_ahead(&shared, std::slice::from_ref(&first));
     let mut guard = shared.tip();
