@@ -195,6 +195,18 @@ impl<S: NodeStore> CompactTrie<S> {
         rounds.dirty_nodes += output.stats.dirty_nodes;
         rounds.fold_rows(rows);
         rounds.undo.push(undo);
+        // What the trie applied: a deleted account's storage goes with it, whatever slots the
+        // round lists for it.
+        let mut changes = changes;
+        let deleted: Vec<_> = changes
+            .accounts
+            .iter()
+            .filter(|(_, account)| account.is_none())
+            .map(|(address, _)| *address)
+            .collect();
+        for address in deleted {
+            changes.storages.remove(&address);
+        }
         rounds.applied.extend(changes);
         Ok(())
     }
@@ -336,6 +348,52 @@ mod tests {
             done.rest_of(&block),
             Some(changes(None, Some(storage(false, &[(address, 6)]))))
         );
+    }
+
+    /// A round that deleted an account and then wrote its storage (as folded transactions
+    /// report it: the write changes no account info): the trie drops that storage with the
+    /// account, and so do the rounds' records, so a block that re-creates the account with the
+    /// same slot hashes the slot again and gets the block's root.
+    #[test]
+    fn slots_of_an_account_a_round_deleted_are_not_counted_done() {
+        let (address, slot) = (B256::repeat_byte(1), B256::repeat_byte(2));
+        let account = HashedAccount {
+            nonce: 1,
+            balance: U256::from(7),
+            code_hash: alloy_trie::KECCAK_EMPTY,
+        };
+        let storage = |wiped, value: u64| HashedStorageChanges {
+            wiped,
+            slots: [(slot, U256::from(value))].into_iter().collect(),
+        };
+        let with = |account, storage| HashedStateChanges {
+            accounts: [(address, account)].into_iter().collect(),
+            storages: [(address, storage)].into_iter().collect(),
+        };
+        let parent = with(Some(account), storage(false, 5));
+        let mut ahead = CompactTrie::new(trie(2, 2));
+        ahead
+            .commit(&ahead.trie().compute(&parent).unwrap())
+            .unwrap();
+        let mut whole = CompactTrie::new(trie(2, 2));
+        whole
+            .commit(&whole.trie().compute(&parent).unwrap())
+            .unwrap();
+
+        let mut rounds = Rounds::default();
+        let round = with(None, storage(false, 9));
+        let output = ahead.trie().compute(&round).unwrap();
+        ahead.commit_round(&mut rounds, round, &output).unwrap();
+        let block = with(Some(account), storage(true, 9));
+        let rest = rounds
+            .rest_of(&block)
+            .expect("the block re-creates the account wiped");
+        assert_eq!(
+            rest.storages[&address].slots.get(&slot),
+            Some(&U256::from(9))
+        );
+        let root = ahead.trie().compute(&rest).unwrap().root;
+        assert_eq!(root, whole.trie().compute(&block).unwrap().root);
     }
 
     fn snapshot(trie: &CompactTrie) -> Vec<(crate::TrieId, Vec<(Nibbles, crate::StoredNode)>)> {

@@ -187,9 +187,11 @@ impl Tip {
     }
 
     /// Takes back the rounds hashed ahead for a block that has not ended: the trie is at its
-    /// block again.
+    /// block again. The block hashes nothing more ahead: a round after a gap could change the
+    /// storage of an account only a taken-back round created.
     fn take_back_ahead(&mut self) -> Result<(), TrieError> {
-        if let Some((_, rounds)) = self.ahead.take() {
+        if let Some((block, rounds)) = self.ahead.take() {
+            block.stop();
             self.trie.take_back_rounds(rounds)?;
         }
         Ok(())
@@ -276,9 +278,10 @@ impl Tip {
 
     /// Commits `changes`, the next round of the block `of` executing on the trie's block
     /// (rounds of any other block are taken back first). False, with nothing committed, when
-    /// the trie is not at the block's parent, or when the block's root began while the round
-    /// was hashed: the root then hashes the round's changes with the rest, sooner than the
-    /// round would commit them.
+    /// the block's root began while the round was hashed (the root then hashes the round's
+    /// changes with the rest, sooner than the round would commit them), or when the block can
+    /// no longer hash ahead, which stops it: the trie is not at its parent, or the round does
+    /// not apply (its rounds are taken back; the root hashes the block whole).
     fn commit_round(
         &mut self,
         of: &Arc<BlockPrefetch>,
@@ -288,9 +291,19 @@ impl Tip {
             self.take_back_ahead()?;
         }
         if self.block != of.parent() {
+            of.stop();
             return Ok(false);
         }
-        let output = self.trie.trie().compute(&changes)?;
+        let output = match self.trie.trie().compute(&changes) {
+            Ok(output) => output,
+            Err(error) => {
+                // Nothing was written: the rounds so far go back, and the root decides.
+                debug!(target: TARGET, %error, "A round could not be hashed ahead: the block is hashed whole");
+                of.stop();
+                self.take_back_ahead()?;
+                return Ok(false);
+            }
+        };
         if of.stopped() {
             return Ok(false);
         }
@@ -323,6 +336,8 @@ impl Tip {
         };
         let output = self.trie.trie().compute(&rest)?;
         if output.root != expected {
+            // The block whole decides whether the block or the rounds were wrong.
+            warn!(target: TARGET, %block, root = %output.root, %expected, "The root from the rounds hashed ahead differs from the header's: the block is hashed whole");
             self.trie.take_back_rounds(rounds)?;
             return Ok(None);
         }
@@ -431,13 +446,18 @@ impl OverdriveStateRoot {
     /// trie. Then, as whenever the trie no longer reaches the chain (after a pipeline backfill,
     /// or a reorg deeper than the blocks it keeps), the strategy builds it again from `factory`
     /// in the background once the engine validates blocks.
-    pub fn load<F>(factory: F, config: StateRootConfig, leaves: Option<LeavesAt>) -> Self
+    pub fn load<F>(factory: F, mut config: StateRootConfig, leaves: Option<LeavesAt>) -> Self
     where
         F: DatabaseProviderFactory<Provider: DBProvider + BlockNumReader + HeaderProvider>
             + Send
             + Sync
             + 'static,
     {
+        if config.hash_ahead && config.cache_mb.is_some() {
+            // Rounds write the trie without reading back the levels a budget drops.
+            warn!(target: TARGET, "Hashing ahead needs the whole trie: off with a memory budget");
+            config.hash_ahead = false;
+        }
         let tip = build_tip(&factory, config, leaves.clone())
             .inspect_err(|error| {
                 warn!(target: TARGET, %error, "Could not build overdrive's trie at launch: reth's state root until it is rebuilt");

@@ -22,7 +22,7 @@ use alloy_primitives::{
     Address, B256, U256, keccak256,
     map::{B256Map, HashSet},
 };
-use overdrive_trie::{HashedStateChanges, TrieId};
+use overdrive_trie::{HashedStateChanges, TrieError, TrieId};
 use reth_engine_tree::tree::state_root_strategy::{
     StateAccessHint, StateRootSink, evm_state_to_hashed_post_state,
 };
@@ -312,7 +312,12 @@ pub(super) fn hash_ahead_of_roots(shared: &Shared, receiver: &Receiver) {
         match &mut pending {
             Some((block, folded)) if Arc::ptr_eq(block, &batch.block) => folded.extend(update),
             // A newer block: the one folded so far has ended, or will not.
-            _ => pending = Some((batch.block, update)),
+            _ => {
+                if let Some((block, _)) = &pending {
+                    block.stop();
+                }
+                pending = Some((batch.block, update));
+            }
         }
     }
 }
@@ -333,7 +338,13 @@ fn commit_round(shared: &Shared, block: &Arc<BlockPrefetch>, changes: HashedStat
             .values()
             .map(|s| s.slots.len())
             .sum::<usize>();
-    match tip.commit_round(block, changes) {
+    // The one writer of the trie besides the root: a panic half way through a commit would
+    // leave a trie no root can trust.
+    let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tip.commit_round(block, changes)
+    }))
+    .unwrap_or_else(|_| Err(TrieError::Store("a round hashed ahead panicked".into())));
+    match committed {
         Ok(true) => {
             metrics::counter!("overdrive_state_root_rounds_total").increment(1);
             debug!(target: TARGET, keys, elapsed = ?started.elapsed(), "Hashed a round ahead");

@@ -595,3 +595,26 @@ fn rounds_the_block_does_not_take_are_taken_back() {
     assert!(tip.ahead.is_none());
     assert_eq!(output.root, expected);
 }
+
+/// A round that cannot apply (here the storage of an account the trie does not hold, as a
+/// round after a gap in the stream would write) is not a failure of the trie: the block stops
+/// hashing ahead, its rounds go back, and its root will hash it whole.
+#[test]
+fn a_round_that_cannot_apply_stops_the_block_not_the_trie() {
+    let stranger = Address::with_last_byte(200);
+    let unchanged = info(0, 0);
+    let storage_only: revm::state::EvmState = [(
+        stranger,
+        touched(unchanged.clone(), unchanged, &[(1, 0, 3)]),
+    )]
+    .into_iter()
+    .collect();
+    let shared = shared(whole_tip());
+    let block = hash_ahead(&shared, &[update_of_3(), storage_only]);
+    assert!(block.stopped());
+    assert!(!shared.failed.load(Ordering::Relaxed));
+    let guard = shared.tip();
+    let tip = guard.as_ref().expect("the trie is kept");
+    assert!(tip.ahead.is_none());
+    assert_eq!(tip.trie.trie().root(), trie_of(&genesis()).root());
+}
