@@ -188,7 +188,7 @@ impl<S: NodeStore> CompactTrie<S> {
     pub fn commit_round(
         &mut self,
         rounds: &mut Rounds,
-        changes: HashedStateChanges,
+        mut changes: HashedStateChanges,
         output: &StateRootOutput,
     ) -> Result<(), TrieError> {
         let (rows, undo) = self.commit_with_undo(output)?;
@@ -197,7 +197,6 @@ impl<S: NodeStore> CompactTrie<S> {
         rounds.undo.push(undo);
         // What the trie applied: a deleted account's storage goes with it, whatever slots the
         // round lists for it.
-        let mut changes = changes;
         let deleted: Vec<_> = changes
             .accounts
             .iter()
