@@ -103,8 +103,16 @@ impl Chain {
 /// The gas limit is twice the workload's, in the genesis and every block, so that no block uses
 /// more than the EIP-1559 target and the base fee never rises above the transactions' fee cap
 /// (it falls by an eighth a block, to its floor).
-pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
-    let mut genesis = workload.chain_spec.genesis.clone();
+///
+/// Takes the workload by value: at 10M accounts each copy of its genesis costs gigabytes.
+pub fn build(workload: Workload, fork: Fork) -> Result<Chain, ChainError> {
+    let Workload {
+        chain_spec,
+        genesis: mut state,
+        blocks: generated_blocks,
+        ..
+    } = workload;
+    let mut genesis = chain_spec.genesis;
     genesis.gas_limit = genesis.gas_limit.saturating_mul(2);
     if fork == Fork::Osaka {
         genesis.config.osaka_time = Some(0);
@@ -113,8 +121,10 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
             .blob_schedule
             .insert("osaka".into(), BlobParams::osaka());
     }
+    // The rules and the header's fields, not the allocation (the trie below holds the state).
+    let alloc = std::mem::take(&mut genesis.alloc);
     let spec = ChainParams::from_genesis(genesis.clone());
-    let mut state = workload.genesis.clone();
+    genesis.alloc = alloc;
     let mut trie = StateTrie::new(MemNodeStore::default(), TrieConfig::default()).map_err(|e| {
         ChainError::Trie {
             number: 0,
@@ -133,11 +143,11 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
     state.block_hashes.insert(0, genesis_header.hash_slow());
 
     let mut parent = genesis_header.clone();
-    let mut blocks = Vec::with_capacity(workload.blocks.len());
-    let mut hashes = Vec::with_capacity(workload.blocks.len());
-    for generated in &workload.blocks {
+    let mut blocks = Vec::with_capacity(generated_blocks.len());
+    let mut hashes = Vec::with_capacity(generated_blocks.len());
+    for generated in generated_blocks {
         let number = generated.header.number;
-        let mut header = generated.header.clone();
+        let mut header = generated.header;
         header.parent_hash = parent.hash_slow();
         header.gas_limit = genesis.gas_limit;
         header.base_fee_per_gas = parent.next_block_base_fee(BaseFeeParams::ethereum());
@@ -146,9 +156,9 @@ pub fn build(workload: &Workload, fork: Fork) -> Result<Chain, ChainError> {
             .and_then(|params| parent.next_block_excess_blob_gas(params));
         let mut block = BlockWithSenders::from_parts(
             header,
-            generated.transactions.clone(),
-            generated.ommers.clone(),
-            generated.withdrawals.clone(),
+            generated.transactions,
+            generated.ommers,
+            generated.withdrawals,
         );
         let output = SequentialExecutor
             .execute(&spec, &block, &state)
@@ -233,11 +243,13 @@ pub fn write(
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let genesis_path = dir.join("genesis.json");
-    let json = serde_json::to_vec_pretty(&chain.genesis).map_err(|e| ChainError::Io {
-        path: genesis_path.display().to_string(),
-        source: e.into(),
-    })?;
-    std::fs::write(&genesis_path, json).map_err(io(&genesis_path))?;
+    // Streamed: a genesis of millions of accounts is gigabytes of JSON.
+    let file = std::fs::File::create(&genesis_path).map_err(io(&genesis_path))?;
+    let mut out = std::io::BufWriter::new(file);
+    serde_json::to_writer_pretty(&mut out, &chain.genesis)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.flush())
+        .map_err(io(&genesis_path))?;
     let chain_path = dir.join("chain.rlp");
     let file = std::fs::File::create(&chain_path).map_err(io(&chain_path))?;
     let mut out = std::io::BufWriter::new(file);
@@ -271,7 +283,7 @@ mod tests {
     #[test]
     fn transfer_chain_is_sealed_and_linked() {
         for fork in [Fork::Prague, Fork::Osaka] {
-            let chain = build(&workload(WorkloadKind::Transfer), fork).unwrap();
+            let chain = build(workload(WorkloadKind::Transfer), fork).unwrap();
             assert_eq!(chain.blocks.len(), 4);
             let mut parent = chain.genesis_header.clone();
             for (block, hash) in chain.blocks.iter().zip(&chain.hashes) {
@@ -289,7 +301,7 @@ mod tests {
     /// The files decode back to the same chain, and the genesis to the same spec and header.
     #[test]
     fn written_files_read_back() {
-        let chain = build(&workload(WorkloadKind::Transfer), Fork::Prague).unwrap();
+        let chain = build(workload(WorkloadKind::Transfer), Fork::Prague).unwrap();
         let dir = std::env::temp_dir().join(format!("overdrive-chain-{}", std::process::id()));
         let (genesis_path, chain_path) = write(&chain, &dir).unwrap();
         let spec = ChainParams::from_genesis_file(&genesis_path).unwrap();

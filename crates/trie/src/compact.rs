@@ -58,59 +58,103 @@ pub struct CompactUpdates {
 /// Which branches of one trie have a row, as far as a [`CompactTrie`] has looked: a parent's
 /// tree mask needs it for every child, and reading it from the children's children would cost
 /// a read per child. A branch's answer changes only when the branch is rewritten (its subtree
-/// changed), so an entry stays right until a commit writes, deletes or wipes its path.
+/// changed), so an answer stays right until a commit writes, deletes or wipes its path.
+///
+/// Answers are kept by the path without its last nibble, sixteen siblings to an entry: a
+/// branch's row asks about all its children, and in a large trie each entry asked for is a
+/// cache miss, once per branch instead of once per child.
 ///
 /// Split by the first nibble of the path: a branch's answer reads only paths under its own (its
 /// children and where their extensions lead), so the sixteen subtrees under the root are
 /// answered in parallel, each with its own map. The root has no row and is never asked.
 #[derive(Clone, Debug, Default)]
-struct KeptTrie([HashMap<Nibbles, bool>; 16]);
+struct KeptTrie([HashMap<Nibbles, Siblings>; 16]);
+
+/// The answers for the sixteen paths that extend one path by a nibble.
+#[derive(Clone, Copy, Debug, Default)]
+struct Siblings {
+    /// The nibbles answered.
+    known: TrieMask,
+    /// Of those, the nibbles whose branch has a row.
+    kept: TrieMask,
+}
+
+/// `path` as its parent path (the key of its [`Siblings`]) and its last nibble; `None` for the
+/// root.
+fn split_last(path: &Nibbles) -> Option<(Nibbles, u8)> {
+    let last = path.last()?;
+    Some((path.slice(..path.len() - 1), last))
+}
 
 impl KeptTrie {
     /// Drops what `nodes` may have changed.
     fn forget(&mut self, nodes: &NodeUpdates) {
+        let mut known = Known {
+            maps: &mut self.0,
+            first: 0,
+        };
         for path in nodes.writes().map(|(path, _)| path).chain(nodes.deletes()) {
-            if let Some(first) = path.first() {
-                self.0[usize::from(first)].remove(path);
-            }
+            known.remove(path);
+        }
+    }
+
+    fn retain_shallower(&mut self, depth: usize) {
+        // An entry answers paths one nibble longer than its key.
+        for map in &mut self.0 {
+            map.retain(|parent, _| parent.len() + 1 < depth);
         }
     }
 }
 
 /// Part of a [`KeptTrie`] lent to one job: the maps of the first nibbles from `first` on.
 struct Known<'a> {
-    maps: &'a mut [HashMap<Nibbles, bool>],
+    maps: &'a mut [HashMap<Nibbles, Siblings>],
     first: u8,
 }
 
 impl Known<'_> {
     /// The map of `path`'s subtree; none for the root, which is not remembered.
-    fn map(&mut self, path: &Nibbles) -> Option<&mut HashMap<Nibbles, bool>> {
+    fn map(&mut self, path: &Nibbles) -> Option<&mut HashMap<Nibbles, Siblings>> {
         let index = path.first()?.checked_sub(self.first)?;
         self.maps.get_mut(usize::from(index))
     }
 
     fn get(&mut self, path: &Nibbles) -> Option<bool> {
-        self.map(path)?.get(path).copied()
+        let (parent, nibble) = split_last(path)?;
+        let siblings = self.map(path)?.get(&parent)?;
+        siblings
+            .known
+            .is_bit_set(nibble)
+            .then(|| siblings.kept.is_bit_set(nibble))
     }
 
     fn insert(&mut self, path: Nibbles, kept: bool) {
+        let Some((parent, nibble)) = split_last(&path) else {
+            return;
+        };
         if let Some(map) = self.map(&path) {
-            map.insert(path, kept);
+            let siblings = map.entry(parent).or_default();
+            siblings.known.set_bit(nibble);
+            if kept {
+                siblings.kept.set_bit(nibble);
+            } else {
+                siblings.kept.unset_bit(nibble);
+            }
         }
     }
 
     fn remove(&mut self, path: &Nibbles) {
-        if let Some(map) = self.map(path) {
-            map.remove(path);
-        }
-    }
-}
-
-impl KeptTrie {
-    fn retain_shallower(&mut self, depth: usize) {
-        for map in &mut self.0 {
-            map.retain(|path, _| path.len() < depth);
+        let Some((parent, nibble)) = split_last(path) else {
+            return;
+        };
+        if let Some(map) = self.map(path)
+            && let Some(siblings) = map.get_mut(&parent)
+        {
+            siblings.known.unset_bit(nibble);
+            siblings.kept.unset_bit(nibble);
+            if siblings.known.is_empty() {
+                map.remove(&parent);
+            }
         }
     }
 }
@@ -1005,6 +1049,51 @@ pub(crate) mod tests {
                 .map(|(address, storage)| (*address, storage.clone()))
                 .collect(),
         }
+    }
+
+    /// Answers kept by parent path: siblings share an entry without mixing their answers, a
+    /// path is unknown again once removed (the entry goes with its last answer), the root is
+    /// never remembered, and the levels a bounded store drops are forgotten.
+    #[test]
+    fn answers_of_siblings_share_an_entry() {
+        let mut trie = KeptTrie::default();
+        let mut known = Known {
+            maps: &mut trie.0,
+            first: 0,
+        };
+        let path = |nibbles: &[u8]| Nibbles::from_nibbles(nibbles);
+        known.insert(path(&[3, 1]), true);
+        known.insert(path(&[3, 2]), false);
+        known.insert(path(&[3, 2, 7]), true);
+        known.insert(Nibbles::default(), true);
+        assert_eq!(known.get(&path(&[3, 1])), Some(true));
+        assert_eq!(known.get(&path(&[3, 2])), Some(false));
+        assert_eq!(known.get(&path(&[3, 3])), None);
+        assert_eq!(known.get(&path(&[3, 2, 7])), Some(true));
+        assert_eq!(known.get(&Nibbles::default()), None);
+        known.insert(path(&[3, 1]), false);
+        assert_eq!(known.get(&path(&[3, 1])), Some(false));
+        known.remove(&path(&[3, 1]));
+        assert_eq!(known.get(&path(&[3, 1])), None);
+        assert_eq!(known.get(&path(&[3, 2])), Some(false));
+        known.remove(&path(&[3, 2]));
+        assert!(!known.maps[3].contains_key(&path(&[3])));
+        trie.retain_shallower(3);
+        let mut known = Known {
+            maps: &mut trie.0,
+            first: 0,
+        };
+        assert_eq!(known.get(&path(&[3, 2, 7])), None);
+        // A job lent the maps from nibble 3 on answers nothing before it.
+        let mut lent = Known {
+            maps: &mut trie.0[3..],
+            first: 3,
+        };
+        lent.insert(path(&[4, 0]), true);
+        lent.insert(path(&[2, 0]), true);
+        assert_eq!(lent.get(&path(&[4, 0])), Some(true));
+        assert_eq!(lent.get(&path(&[2, 0])), None);
+        assert!(trie.0[2].is_empty());
     }
 
     /// A state built sixteen parts one after another, by first nibble, each committed with

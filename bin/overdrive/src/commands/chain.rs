@@ -75,7 +75,7 @@ fn export(args: ExportArgs) -> eyre::Result<()> {
         ForkArg::Osaka => Fork::Osaka,
     };
     let started = Instant::now();
-    let chain = overdrive_chain::build(&workload, fork)?;
+    let chain = overdrive_chain::build(workload, fork)?;
     tracing::info!(elapsed = ?started.elapsed(), "blocks executed and sealed");
     let (genesis, blocks) = overdrive_chain::write(&chain, &args.out)?;
     let head = chain.head();

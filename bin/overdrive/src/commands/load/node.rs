@@ -10,8 +10,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// How long a node may take to answer JSON-RPC after it starts.
+/// How long a node may take to answer JSON-RPC after it starts, and on top of that for each
+/// MiB of its genesis file (a new node writes the genesis state and its trie before it answers:
+/// minutes for millions of accounts).
 const STARTUP: Duration = Duration::from_secs(120);
+const STARTUP_PER_GENESIS_MIB: Duration = Duration::from_secs(1);
 /// How long a node may take to shut down after SIGTERM before it is killed.
 const SHUTDOWN: Duration = Duration::from_secs(60);
 
@@ -159,6 +162,8 @@ impl DevNode {
             auth,
         };
         let rpc = Rpc::new(&node.rpc_url())?;
+        let genesis_mib = std::fs::metadata(config.genesis).map_or(0, |m| m.len() >> 20);
+        let startup = STARTUP + STARTUP_PER_GENESIS_MIB * genesis_mib as u32;
         let started = Instant::now();
         while rpc.call("eth_blockNumber", serde_json::json!([])).is_err() {
             if let Some(status) = node
@@ -171,9 +176,9 @@ impl DevNode {
                     config.log.display()
                 );
             }
-            if started.elapsed() > STARTUP {
+            if started.elapsed() > startup {
                 bail!(
-                    "the node did not answer within {STARTUP:?}; see {}",
+                    "the node did not answer within {startup:?}; see {}",
                     config.log.display()
                 );
             }

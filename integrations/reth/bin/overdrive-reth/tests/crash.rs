@@ -110,7 +110,7 @@ fn a_killed_node_keeps_its_persisted_blocks_and_goes_on() {
         ..WorkloadConfig::new(WorkloadKind::Erc20)
     })
     .unwrap();
-    let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
+    let chain = overdrive_chain::build(workload.clone(), Fork::Prague).unwrap();
     let dir = support::temp_dir("crash");
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     let (datadir, log) = (dir.path().join("data"), dir.path().join("node.log"));

@@ -19,7 +19,7 @@ fn mine_all(flags: &[&str]) -> String {
         ..WorkloadConfig::new(WorkloadKind::Erc20)
     })
     .unwrap();
-    let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
+    let chain = overdrive_chain::build(workload.clone(), Fork::Prague).unwrap();
     let dir = support::temp_dir("dev");
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     let (http, metrics) = (support::free_port(), support::free_port());

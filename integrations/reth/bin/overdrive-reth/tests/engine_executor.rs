@@ -396,7 +396,7 @@ fn workload_blocks_match_reth() {
             ..WorkloadConfig::new(kind)
         })
         .unwrap();
-        let chain = overdrive_chain::build(&workload, overdrive_chain::Fork::Prague).unwrap();
+        let chain = overdrive_chain::build(workload, overdrive_chain::Fork::Prague).unwrap();
         let (_dir, spec, factory) = database(&chain.genesis, "workload");
         assert_eq!(
             spec.genesis_hash(),

@@ -58,7 +58,7 @@ fn start(accounts: usize, txs_per_block: usize, blocks: usize, flags: &[&str]) -
         ..WorkloadConfig::new(WorkloadKind::Erc20)
     })
     .unwrap();
-    let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
+    let chain = overdrive_chain::build(workload.clone(), Fork::Prague).unwrap();
     let dir = support::temp_dir("intake");
     let (genesis, _): (PathBuf, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     let (http, metrics) = (support::free_port(), support::free_port());

@@ -190,7 +190,7 @@ fn many_tries() -> overdrive_chain::Chain {
         ..WorkloadConfig::new(WorkloadKind::Uniswap)
     })
     .unwrap();
-    overdrive_chain::build(&workload, overdrive_chain::Fork::Prague).unwrap()
+    overdrive_chain::build(workload, overdrive_chain::Fork::Prague).unwrap()
 }
 
 /// The import killed with SIGKILL inside the stage, at random points after a chunk has been
@@ -351,8 +351,7 @@ fn stage_run_rebuilds_a_million_slot_trie() {
         ..WorkloadConfig::new(WorkloadKind::Erc20)
     })
     .unwrap();
-    let chain = overdrive_chain::build(&workload, overdrive_chain::Fork::Prague).unwrap();
-    drop(workload);
+    let chain = overdrive_chain::build(workload, overdrive_chain::Fork::Prague).unwrap();
     let dir = support::temp_dir("merkle-stage-run");
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     let file = write_blocks(dir.path(), "chain.rlp", &chain.blocks);

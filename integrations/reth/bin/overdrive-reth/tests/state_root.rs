@@ -232,7 +232,7 @@ fn the_trie_catches_up_after_a_backfill() {
         ..WorkloadConfig::new(WorkloadKind::Uniswap)
     })
     .unwrap();
-    let chain = overdrive_chain::build(&workload, Fork::Prague).unwrap();
+    let chain = overdrive_chain::build(workload.clone(), Fork::Prague).unwrap();
     let dir = support::temp_dir("state-root-backfill");
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     let file = write_blocks(dir.path(), "chain.rlp", &chain.blocks[..4]);
@@ -365,7 +365,7 @@ fn write_genesis(
     workload: &overdrive_workload::Workload,
     label: &str,
 ) -> (tempfile::TempDir, std::path::PathBuf) {
-    let chain = overdrive_chain::build(workload, Fork::Prague).unwrap();
+    let chain = overdrive_chain::build(workload.clone(), Fork::Prague).unwrap();
     let dir = support::temp_dir(label);
     let (genesis, _) = overdrive_chain::write(&chain, dir.path()).unwrap();
     (dir, genesis)

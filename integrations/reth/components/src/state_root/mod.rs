@@ -329,25 +329,32 @@ impl Tip {
         let Some((_, rounds)) = ours else {
             return Ok(None);
         };
+        let started = Instant::now();
         let Some(rest) = rounds.rest_of(changes) else {
             debug!(target: TARGET, %block, "The rounds hashed ahead changed what the block does not: the block is hashed whole");
             self.trie.take_back_rounds(rounds)?;
             return Ok(None);
         };
+        let checked = started.elapsed();
         let output = self.trie.trie().compute(&rest)?;
+        let computed = started.elapsed();
         if output.root != expected {
             // The block whole decides whether the block or the rounds were wrong.
             warn!(target: TARGET, %block, root = %output.root, %expected, "The root from the rounds hashed ahead differs from the header's: the block is hashed whole");
             self.trie.take_back_rounds(rounds)?;
             return Ok(None);
         }
-        let stats = AheadStats {
+        let mut stats = AheadStats {
             rounds: rounds.len(),
             ahead_nodes: rounds.dirty_nodes(),
             rest_nodes: output.stats.dirty_nodes,
+            check: checked,
+            compute: computed - checked,
+            rows: Duration::ZERO,
         };
         let (rows, undo) = self.trie.commit_with_undo(&output)?;
         let (rows, undo) = rounds.finish(rows, undo);
+        stats.rows = started.elapsed() - computed;
         self.push(block, undo);
         Ok(Some((output.root, rows, stats)))
     }
@@ -371,6 +378,12 @@ struct AheadStats {
     ahead_nodes: u64,
     /// Nodes hashed after the block ended.
     rest_nodes: u64,
+    /// Comparing the rounds with the block's changes.
+    check: Duration,
+    /// Hashing the rest.
+    compute: Duration,
+    /// Committing the rest and folding the rounds' rows with its own.
+    rows: Duration,
 }
 
 /// Builds overdrive's trie of the database's head.
@@ -526,15 +539,12 @@ where
             trie.store_mut().set_source(Box::new(built));
         }
         let output = trie.trie().compute(&part)?;
-        if config.cache_mb.is_some() {
-            // With its rows (not written: the database has them), so that the trie learns
-            // which of the branches it keeps have one while their children are in memory;
-            // otherwise the rows of the first blocks read back the subtrees of the untouched
-            // siblings of the branches they change, to learn it then.
-            trie.commit_new(&output)?;
-        } else {
-            trie.commit_without_rows(&output)?;
-        }
+        // With its rows (not written: the database has them), so that the trie learns which
+        // of its branches have one while their children are at hand. Otherwise each block's
+        // rows learn it for the untouched siblings of the branches the block changes, reading
+        // their children: in a trie of millions of accounts most of a block's paths were never
+        // read before, and that cost more than hashing the block.
+        trie.commit_new(&output)?;
         trie.evict();
     }
     let root = trie.trie().root();
@@ -845,7 +855,10 @@ where
             job.reths(state)
         };
         let shared = self.shared.clone();
+        let hashed = started.elapsed();
+        // A round hashed ahead holds the trie until it ends.
         let mut guard = shared.tip();
+        let waited = started.elapsed() - hashed;
         let ours = match guard.as_mut() {
             Some(tip) => (|| -> Result<Option<Result<_, B256>>, TrieError> {
                 let changes = changes(state);
@@ -860,7 +873,12 @@ where
                         rounds = ahead.rounds,
                         ahead_nodes = ahead.ahead_nodes,
                         rest_nodes = ahead.rest_nodes,
+                        ?hashed,
+                        ?waited,
                         prepare = ?prepared,
+                        check = ?ahead.check,
+                        compute = ?ahead.compute,
+                        rows = ?ahead.rows,
                         rest = ?started.elapsed().saturating_sub(prepared),
                         "overdrive's state root, hashed ahead"
                     );
@@ -884,6 +902,8 @@ where
                     block = %block.hash(),
                     dirty_nodes = output.stats.dirty_nodes,
                     keccak_calls = output.stats.keccak_calls,
+                    ?hashed,
+                    ?waited,
                     prepare = ?prepared,
                     compute = ?computed.saturating_sub(prepared),
                     rows = ?started.elapsed().saturating_sub(computed + evict),

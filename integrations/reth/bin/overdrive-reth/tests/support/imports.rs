@@ -30,7 +30,7 @@ pub fn chain(kind: WorkloadKind, blocks: usize) -> Chain {
         ..WorkloadConfig::new(kind)
     })
     .unwrap();
-    overdrive_chain::build(&workload, Fork::Prague).unwrap()
+    overdrive_chain::build(workload, Fork::Prague).unwrap()
 }
 
 /// Writes `blocks` as a chain file in `dir`.
