@@ -344,17 +344,17 @@ impl Tip {
             self.trie.take_back_rounds(rounds)?;
             return Ok(None);
         }
-        let mut stats = AheadStats {
-            rounds: rounds.len(),
-            ahead_nodes: rounds.dirty_nodes(),
+        let (count, ahead_nodes) = (rounds.len(), rounds.dirty_nodes());
+        let (rows, undo) = self.trie.commit_with_undo(&output)?;
+        let (rows, undo) = rounds.finish(rows, undo);
+        let stats = AheadStats {
+            rounds: count,
+            ahead_nodes,
             rest_nodes: output.stats.dirty_nodes,
             check: checked,
             compute: computed - checked,
-            rows: Duration::ZERO,
+            rows: started.elapsed() - computed,
         };
-        let (rows, undo) = self.trie.commit_with_undo(&output)?;
-        let (rows, undo) = rounds.finish(rows, undo);
-        stats.rows = started.elapsed() - computed;
         self.push(block, undo);
         Ok(Some((output.root, rows, stats)))
     }
@@ -873,7 +873,7 @@ where
                         rounds = ahead.rounds,
                         ahead_nodes = ahead.ahead_nodes,
                         rest_nodes = ahead.rest_nodes,
-                        ?hashed,
+                        hashed_state = ?hashed,
                         ?waited,
                         prepare = ?prepared,
                         check = ?ahead.check,
@@ -902,7 +902,7 @@ where
                     block = %block.hash(),
                     dirty_nodes = output.stats.dirty_nodes,
                     keccak_calls = output.stats.keccak_calls,
-                    ?hashed,
+                    hashed_state = ?hashed,
                     ?waited,
                     prepare = ?prepared,
                     compute = ?computed.saturating_sub(prepared),
