@@ -1014,6 +1014,11 @@ impl MemNodeStore {
         let mut apply_storages = || {
             let mut replaced = B256Map::default();
             let mut wiped = MemNodeStore::default();
+            // The tries the batch writes are taken out of the map, so that each can be written
+            // on its own thread (a block of many contracts changes hundreds of small tries,
+            // each too small to split), and put back after.
+            let mut tries = Vec::new();
+            let mut changes = 0;
             for (owner, storage) in &updates.storage_tries {
                 if storage.wiped
                     && let Some(old) = storages.remove(owner)
@@ -1024,13 +1029,24 @@ impl MemNodeStore {
                 if storage.nodes.is_empty() {
                     continue;
                 }
-                let trie = Arc::make_mut(storages.entry(*owner).or_default());
-                let nodes = trie.apply_noting(&storage.nodes, note);
-                if trie.is_empty() {
-                    storages.remove(owner);
+                changes += storage.nodes.write_count() + storage.nodes.deletes().len();
+                let trie = storages.remove(owner).unwrap_or_default();
+                tries.push((*owner, trie, &storage.nodes));
+            }
+            let apply = |(_, trie, nodes): &mut (B256, Arc<MemTrie>, &NodeUpdates)| {
+                Arc::make_mut(trie).apply_noting(nodes, note)
+            };
+            let nodes: Vec<ReplacedNodes> = if parallel(changes) {
+                tries.par_iter_mut().map(apply).collect()
+            } else {
+                tries.iter_mut().map(apply).collect()
+            };
+            for ((owner, trie, _), nodes) in tries.into_iter().zip(nodes) {
+                if !trie.is_empty() {
+                    storages.insert(owner, trie);
                 }
                 if note {
-                    replaced.insert(*owner, nodes);
+                    replaced.insert(owner, nodes);
                 }
             }
             (replaced, wiped)
@@ -1258,5 +1274,66 @@ mod tests {
         );
         let owner = TrieId::Storage(B256::with_last_byte(1));
         assert_eq!(serial.nodes(owner), parallel.nodes(owner));
+    }
+
+    #[test]
+    fn many_storage_tries_apply_the_same_in_parallel() {
+        let owners: Vec<B256> = (0..300u16)
+            .map(|i| B256::left_padding_from(&i.to_be_bytes()))
+            .collect();
+        let path = |i: u32| Nibbles::unpack(i.to_be_bytes());
+        let mut first = StateTrieUpdates::default();
+        for owner in &owners {
+            let nodes = &mut first.storage_tries.entry(*owner).or_default().nodes;
+            for i in 0..10 {
+                nodes.push_write(path(i), leaf(i as u8));
+            }
+        }
+        // A third of the tries wiped and written anew, a third emptied path by path, a third
+        // half rewritten.
+        let mut second = StateTrieUpdates::default();
+        for (n, owner) in owners.iter().enumerate() {
+            let storage = second.storage_tries.entry(*owner).or_default();
+            for i in 0..10 {
+                match n % 3 {
+                    0 => {
+                        storage.wiped = true;
+                        storage.nodes.push_write(path(i + 20), leaf(7));
+                    }
+                    1 => storage.nodes.push_delete(path(i)),
+                    _ if i % 2 == 0 => storage.nodes.push_write(path(i), leaf(9)),
+                    _ => {}
+                }
+            }
+        }
+        assert!(second.writes() + second.deletes() >= PARALLEL_APPLY_MIN);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (mut serial, mut parallel) = (MemNodeStore::new(), MemNodeStore::new());
+        for batch in [&first, &second] {
+            let one = serial.apply_replacing(batch).unwrap().unwrap();
+            let other = pool
+                .install(|| parallel.apply_replacing(batch))
+                .unwrap()
+                .unwrap();
+            let sorted = |replaced: &Replaced| {
+                let storages: BTreeMap<_, _> = replaced.storages.clone().into_iter().collect();
+                let wiped: BTreeMap<_, _> = owners
+                    .iter()
+                    .map(|owner| (*owner, replaced.wiped.nodes(TrieId::Storage(*owner))))
+                    .collect();
+                (storages, wiped)
+            };
+            assert_eq!(sorted(&one), sorted(&other));
+        }
+        for owner in &owners {
+            let trie = TrieId::Storage(*owner);
+            assert_eq!(serial.nodes(trie), parallel.nodes(trie));
+        }
+        // The emptied tries are gone from both maps, the others kept.
+        assert_eq!(serial.storages.len(), 200);
+        assert_eq!(parallel.storages.len(), 200);
     }
 }

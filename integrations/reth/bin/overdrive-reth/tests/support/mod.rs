@@ -179,13 +179,32 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
-/// A free TCP port on the loopback interface (free when this returns).
+/// A loopback port that is free now and that no other call in this process has returned.
+///
+/// Asking the kernel for port 0 and passing the number on races: until the node binds it, the
+/// kernel may hand the same port to another test's node or to an outgoing connection (every RPC
+/// poll takes an ephemeral port). So the ports come from below the kernel's ephemeral range,
+/// each at most once per process, from an offset set by the process id so that two test
+/// binaries running at once start in different places.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(LOWEST).max(1_000);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = (LOWEST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOWEST} and {}", LOWEST + span)
 }
 
 /// One HTTP request to `127.0.0.1:port` (`body` is POSTed as JSON when given); the response
