@@ -204,7 +204,10 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
-    panic!("no free loopback port between {LOWEST} and {}", LOWEST + span)
+    panic!(
+        "no free loopback port between {LOWEST} and {}",
+        LOWEST + span
+    )
 }
 
 /// One HTTP request to `127.0.0.1:port` (`body` is POSTed as JSON when given); the response
