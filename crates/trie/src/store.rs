@@ -136,23 +136,71 @@ pub struct ChildNodes<'a> {
     visible: TrieMask,
     refs: Cow<'a, [RlpNode]>,
     nodes: Cow<'a, [Node]>,
+    /// Which nibbles hold a branch, and which an extension.
+    kinds: Kinds,
+}
+
+/// Which children of a path are branches and which extensions: what a branch's database row
+/// asks of each child ([`crate::CompactTrie`]), answered without reading the children's nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Kinds {
+    pub(crate) branches: TrieMask,
+    pub(crate) extensions: TrieMask,
+}
+
+impl Kinds {
+    /// Records `node` (or no node) as the child under `nibble`.
+    fn set(&mut self, nibble: u8, node: Option<&Node>) {
+        self.branches.unset_bit(nibble);
+        self.extensions.unset_bit(nibble);
+        match node {
+            Some(Node::Branch { .. }) => self.branches.set_bit(nibble),
+            Some(Node::Extension { .. }) => self.extensions.set_bit(nibble),
+            Some(Node::Leaf { .. }) | None => {}
+        }
+    }
 }
 
 impl<'a> ChildNodes<'a> {
     /// The children in `mask`: `refs[i]` and `nodes[i]` belong to the `i`-th nibble of `mask`.
     /// A nibble whose position is past the end of a slice has no child.
     pub fn new(mask: TrieMask, refs: Cow<'a, [RlpNode]>, nodes: Cow<'a, [Node]>) -> Self {
+        let mut kinds = Kinds::default();
+        for (nibble, node) in mask.iter().zip(nodes.iter()) {
+            kinds.set(nibble, Some(node));
+        }
+        Self::with_kinds(mask, refs, nodes, kinds)
+    }
+
+    /// [`ChildNodes::new`], with the kinds of the children already known.
+    fn with_kinds(
+        mask: TrieMask,
+        refs: Cow<'a, [RlpNode]>,
+        nodes: Cow<'a, [Node]>,
+        kinds: Kinds,
+    ) -> Self {
         Self {
             layout: mask,
             visible: mask,
             refs,
             nodes,
+            kinds,
         }
     }
 
     /// The nibbles that have a child.
     pub fn mask(&self) -> TrieMask {
         self.visible
+    }
+
+    /// The nibbles whose child is a branch.
+    pub fn branches(&self) -> TrieMask {
+        TrieMask::new(self.kinds.branches.get() & self.visible.get())
+    }
+
+    /// The nibbles whose child is an extension.
+    pub fn extensions(&self) -> TrieMask {
+        TrieMask::new(self.kinds.extensions.get() & self.visible.get())
     }
 
     /// Hides the children outside `nibbles` (a store may hold siblings the caller did not
@@ -362,6 +410,8 @@ const PLACEHOLDER: Node = Node::Branch {
 #[derive(Clone, Debug)]
 struct Group {
     mask: TrieMask,
+    /// Which children are branches and which extensions (in the padding before `spill`).
+    kinds: Kinds,
     /// All children, by nibble, when there are more than [`INLINE`].
     spill: Option<Box<Spill>>,
     /// Otherwise the references of the nibbles in `mask`, in nibble order.
@@ -382,6 +432,7 @@ impl Default for Group {
     fn default() -> Self {
         Self {
             mask: TrieMask::default(),
+            kinds: Kinds::default(),
             spill: None,
             refs: Default::default(),
             nodes: [PLACEHOLDER; INLINE],
@@ -437,13 +488,19 @@ impl Group {
         } else {
             self.mask
         };
-        let mut children = ChildNodes::new(layout, Cow::Borrowed(refs), Cow::Borrowed(nodes));
+        let mut children = ChildNodes::with_kinds(
+            layout,
+            Cow::Borrowed(refs),
+            Cow::Borrowed(nodes),
+            self.kinds,
+        );
         children.restrict(self.mask);
         children
     }
 
     /// Stores `node` under `nibble`; returns the node it replaces.
     fn set(&mut self, nibble: u8, node: &StoredNode) -> Option<StoredNode> {
+        self.kinds.set(nibble, Some(&node.node));
         if self.mask.is_bit_set(nibble) {
             let at = self.position(nibble);
             let (refs, nodes) = self.slots_mut();
@@ -499,6 +556,7 @@ impl Group {
         let at = self.position(nibble);
         let len = self.len();
         self.mask.unset_bit(nibble);
+        self.kinds.set(nibble, None);
         let (refs, nodes) = self.slots_mut();
         let removed = StoredNode {
             node: std::mem::replace(&mut nodes[at], PLACEHOLDER),
@@ -1085,6 +1143,25 @@ mod tests {
         )
     }
 
+    /// A leaf, a branch or an extension (by `kind` modulo three), told apart by `v`.
+    fn of_kind(kind: u8, v: u8) -> StoredNode {
+        let node = match kind % 3 {
+            0 => return leaf(v),
+            1 => Node::Branch {
+                state_mask: TrieMask::new(u16::from(v) | 0b11),
+                value: None,
+            },
+            _ => Node::Extension {
+                key: Nibbles::from_nibbles([v & 0xf]),
+                child: RlpNode::word_rlp(&B256::repeat_byte(v)),
+            },
+        };
+        StoredNode {
+            node,
+            reference: RlpNode::word_rlp(&B256::repeat_byte(v)),
+        }
+    }
+
     #[test]
     fn clone_is_isolated() {
         let mut a = MemNodeStore::new();
@@ -1194,7 +1271,7 @@ mod tests {
                 state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                 let keep = !(state >> 16).is_multiple_of(4) || round.is_multiple_of(2);
                 if keep && i.is_multiple_of(usize::from(round + 1)) {
-                    let node = leaf(round.wrapping_mul(16).wrapping_add(n));
+                    let node = of_kind(round + n, round.wrapping_mul(16).wrapping_add(n));
                     u.account_nodes.push_write(child(n), node.clone());
                     before.push((n, model.insert(n, node)));
                 } else if let Some(old) = model.remove(&n) {
@@ -1216,6 +1293,21 @@ mod tests {
                 .get_child_nodes(TrieId::Account, &parent, TrieMask::new(u16::MAX))
                 .unwrap();
             assert_eq!(nodes.mask(), mask, "round {round}");
+            // The kinds the group keeps follow its children as they are rewritten.
+            let kind = |f: fn(&Node) -> bool| {
+                let bits = model.iter().filter(|(_, s)| f(&s.node));
+                TrieMask::new(bits.fold(0u16, |m, (n, _)| m | (1 << n)))
+            };
+            assert_eq!(
+                nodes.branches(),
+                kind(|n| matches!(n, Node::Branch { .. })),
+                "round {round}"
+            );
+            assert_eq!(
+                nodes.extensions(),
+                kind(|n| matches!(n, Node::Extension { .. })),
+                "round {round}"
+            );
             let children = store
                 .get_children(TrieId::Account, &parent, TrieMask::new(u16::MAX))
                 .unwrap();
