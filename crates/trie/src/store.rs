@@ -143,9 +143,9 @@ pub struct ChildNodes<'a> {
 /// Which children of a path are branches and which extensions: what a branch's database row
 /// asks of each child ([`crate::CompactTrie`]), answered without reading the children's nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Kinds {
-    pub(crate) branches: TrieMask,
-    pub(crate) extensions: TrieMask,
+struct Kinds {
+    branches: TrieMask,
+    extensions: TrieMask,
 }
 
 impl Kinds {
@@ -1162,6 +1162,14 @@ mod tests {
         }
     }
 
+    /// A pool of two threads, to apply batches in parallel beside the serial path.
+    fn two_workers() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap()
+    }
+
     #[test]
     fn clone_is_isolated() {
         let mut a = MemNodeStore::new();
@@ -1350,10 +1358,7 @@ mod tests {
             d.account_nodes
                 .push_delete(Nibbles::unpack((i + 100_000).to_be_bytes()));
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let pool = two_workers();
         let (mut serial, mut parallel) = (MemNodeStore::new(), MemNodeStore::new());
         for batch in [&u, &d] {
             serial.apply(batch).unwrap();
@@ -1399,10 +1404,7 @@ mod tests {
             }
         }
         assert!(second.writes() + second.deletes() >= PARALLEL_APPLY_MIN);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let pool = two_workers();
         let (mut serial, mut parallel) = (MemNodeStore::new(), MemNodeStore::new());
         for batch in [&first, &second] {
             let one = serial.apply_replacing(batch).unwrap().unwrap();
